@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny CSVs, and runners for the step scripts with hard timeouts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPO / "solutions"
+SHIPPED = REPO / "dataset" / "b3db_classification.csv"
+
+# A few real molecules (from the shipped table), BBBP's column layout.
+BBBP_STYLE = """num,name,p_np,smiles
+1,Propanolol,1,[Cl].CC(C)NCC(O)COc1cccc2ccccc12
+2,Terbutylchlorambucil,1,C(=O)(OC(C)(C)C)CCCc1ccc(cc1)N(CCCl)CCCl
+3,sulphasalazine,0,O=C(O)c1cc(N=Nc2ccc(S(=O)(=O)Nc3ccccn3)cc2)ccc1O
+4,moxalactam,0,COC1(NC(=O)C(C(=O)O)c2ccc(O)cc2)C(=O)N2C(C(=O)O)=C(CSc3nnnn3C)COC21
+"""
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process: one thread per rank, no torchrun leftovers."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", **extra)
+    return env
+
+
+def run_python(args: list[str], timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=cpu_env(**env))
+
+
+def run_torchrun(script: str | Path, args: list[str], nproc: int = 2, timeout: float = 180,
+                 launcher_args: tuple[str, ...] = ("--standalone",), **env: str) -> subprocess.CompletedProcess:
+    """torchrun on this machine; a hang becomes a TimeoutExpired, not a stuck CI."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher_args, f"--nproc_per_node={nproc}",
+           str(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cpu_env(**env))
+
+
+@pytest.fixture
+def bbbp_style_csv(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.csv"
+    path.write_text(BBBP_STYLE)
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_csv(tmp_path_factory) -> Path:
+    """600 shipped molecules, renamed to BBBP's layout (num,name,p_np,smiles)."""
+    import pandas as pd
+
+    df = pd.read_csv(SHIPPED).sample(n=600, random_state=0).reset_index(drop=True)
+    df.insert(0, "num", range(1, len(df) + 1))
+    path = tmp_path_factory.mktemp("data") / "bbbp_layout.csv"
+    df.to_csv(path, index=False)
+    return path

@@ -1,0 +1,29 @@
+"""User-facing errors, and the entry-point wrapper that prints them as one line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+
+class WorkshopError(Exception):
+    """A problem the user can fix. The message names the bad value and the fix."""
+
+
+def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] | None = None) -> int:
+    """Call ``main(argv)``; turn a WorkshopError into one line on stderr and exit code 2.
+
+    Under torchrun every rank runs this; each prefixes its rank so the line that
+    names the problem also names where it happened.
+    """
+    try:
+        main(argv)
+    except WorkshopError as err:
+        from workshop_lib.distributed import rank_label  # late: distributed imports this module
+
+        print(f"{rank_label()}error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

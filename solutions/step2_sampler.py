@@ -1,3 +1,5 @@
+# Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
+# Edit the notebook's cells tagged script:step2_sampler, then rebuild.
 """Step 2: DistributedSampler gives every rank its own shard of the data.
 
 Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
@@ -24,6 +26,11 @@ from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
 
 
+def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
+    """This rank's shard of ``dataset``: 1/N of it, in an order that set_epoch reshuffles."""
+    return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed)
+
+
 def replica_spread(model: torch.nn.Module, env: DistEnv) -> float:
     """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree)."""
     mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
@@ -39,8 +46,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     check_shardable(len(splits.train), env.world_size)
     report = Reporter(cfg, "step2_sampler", env.device, env)
 
-    sampler = DistributedSampler(splits.train, num_replicas=env.world_size, rank=env.rank,
-                                 shuffle=True, seed=cfg.seed)
+    sampler = make_sampler(splits.train, cfg, env)
     print(f"rank {env.rank}: {len(sampler)} of {len(splits.train)} training molecules per epoch", flush=True)
     train_loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
     dev_loader = make_eval_loader(splits.dev)

@@ -1,11 +1,15 @@
+# Generated from notebooks/03_ddp.ipynb by `python -m workshop_lib.build`: do not edit.
+# Edit the notebook's cells tagged script:step3_ddp, then rebuild.
 """Step 3: DistributedDataParallel keeps the replicas in step; rank 0 evaluates.
 
 DDP averages the gradients of all ranks during backward(), so every replica
 takes the same optimizer step and the weights stay identical (the spread
 printed each epoch is 0). Rank 0 alone evaluates, through the unwrapped
-module, and writes every file.
+module, and writes every file, a snapshot after each epoch included: when a
+rank dies, torchrun restarts the group and training resumes from it.
 
     torchrun --nproc_per_node=2 solutions/step3_ddp.py
+    torchrun --nproc_per_node=2 --max-restarts=1 solutions/step3_ddp.py   # survives a killed rank
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import distributed
+from workshop_lib import checkpoint, distributed
 from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import check_shardable, load_splits, make_eval_loader, make_loader
 from workshop_lib.distributed import DistEnv
@@ -23,6 +27,11 @@ from workshop_lib.errors import run_cli
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
+
+
+def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
+    """This rank's shard of ``dataset``: 1/N of it, in an order that set_epoch reshuffles."""
+    return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed)
 
 
 def replica_spread(model: torch.nn.Module, env: DistEnv) -> float:
@@ -33,27 +42,34 @@ def replica_spread(model: torch.nn.Module, env: DistEnv) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def wrap(model: torch.nn.Module, env: DistEnv) -> DDP:
+    """DDP around ``model``: rank 0's weights broadcast now, the gradients averaged in every backward()."""
+    return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+
+
 def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     torch.manual_seed(cfg.seed)
     splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
                          cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
     check_shardable(len(splits.train), env.world_size)
+    latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))  # None: no snapshot, start afresh
     report = Reporter(cfg, "step3_ddp", env.device, env)
 
-    sampler = DistributedSampler(splits.train, num_replicas=env.world_size, rank=env.rank,
-                                 shuffle=True, seed=cfg.seed)
+    sampler = make_sampler(splits.train, cfg, env)
     print(f"rank {env.rank}: {len(sampler)} of {len(splits.train)} training molecules per epoch", flush=True)
     train_loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
     dev_loader = make_eval_loader(splits.dev)
 
     model = build_model(cfg, len(splits.tokenizer)).to(env.device)
-    model = DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+    model = wrap(model, env)  # from here on, backward() also averages the gradients across ranks
     raw_model = model.module  # the plain model inside: evaluate and save this one
     optimizer = build_optimizer(cfg, model)
     report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
 
     best = BestModel()
-    for epoch in range(cfg.epochs):
+    start = checkpoint.restore(latest, env, raw_model, optimizer, best, report)  # 0, or the epoch after the snapshot
+    for epoch in range(start, cfg.epochs):
+        checkpoint.seed_epoch(cfg.seed, epoch, env.rank)  # the same dropout masks, restarted or not
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         bar = report.progress(epoch, len(train_loader))
         stats = train_epoch(model, train_loader, optimizer, env.device, bar)
@@ -62,7 +78,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
             dev_auc = evaluate(raw_model, dev_loader, env.device)
             best.update(epoch, dev_auc, raw_model)
             report.epoch(epoch, stats, dev_auc, bar, replica_spread=spread)
+        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # rank 0 writes OUT/snapshot.pt
 
+    spread = replica_spread(model, env)  # again: a resumed run may have had no epoch left
     if env.is_main:
         best.restore(raw_model)
         heldout_auc = evaluate(raw_model, make_eval_loader(splits.heldout), env.device)

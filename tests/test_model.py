@@ -61,3 +61,30 @@ def test_output_shape_and_padding_does_not_change_the_answer():
     assert torch.allclose(model(more_padding, lengths), out, atol=1e-6)
     alone = model(tokens[1:2, : lengths[1]], lengths[1:2])
     assert torch.allclose(alone, out[1:2], atol=1e-6)
+
+
+class PackedReference(SmilesLSTM):
+    """The textbook forward pass: nn.LSTM over a PackedSequence (slow on CPU)."""
+
+    def forward(self, tokens, lengths):
+        packed = pack_padded_sequence(self.embed(tokens), lengths, batch_first=True, enforce_sorted=False)
+        _, (h_n, _) = self.lstm(packed)
+        return self.head(torch.cat([h_n[-2], h_n[-1]], dim=1)).squeeze(1)
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_padded_fast_path_equals_packed_lstm(layers):
+    torch.manual_seed(0)
+    fast = SmilesLSTM(20, 8, 16, layers, 0.0)
+    ref = PackedReference(20, 8, 16, layers, 0.0)
+    ref.load_state_dict(fast.state_dict())
+    tokens, lengths = batch(b=7, t=13, seed=1)
+    lengths[-1] = 1  # a one-token molecule: both directions read just it
+    tokens[-1, 1:] = 0
+    out, expected = fast(tokens, lengths), ref(tokens, lengths)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.allclose(fast._forward_packed(tokens, lengths), expected, atol=1e-6)  # the GPU path
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(fast.named_parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), name

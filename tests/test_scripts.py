@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from workshop_lib.config import TrainConfig
 from workshop_lib.metrics import REQUIRED
 
 from .conftest import SOLUTIONS, run_python, run_torchrun
@@ -71,7 +72,7 @@ def test_step2_shards_the_data_and_replicas_drift(tmp_path):
 def test_step3_ddp_keeps_replicas_identical(tmp_path):
     proc = run_torchrun(SOLUTIONS / "step3_ddp.py", [*QUICK, "--out", tmp_path])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "global batch 64" in proc.stdout
+    assert f"global batch {TrainConfig().batch_size * 2}" in proc.stdout
     m = check_metrics(tmp_path, "step3_ddp", 2)
     assert m["replica_spread"] == 0.0
     assert m["backend"] == "gloo"

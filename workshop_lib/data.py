@@ -18,10 +18,10 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workshop_lib.errors import WorkshopError
+from workshop_lib.split import stratified_split
 
 SMILES_NAMES = ("smiles", "smi", "canonical_smiles", "isomeric_smiles")
 LABEL_NAMES = ("p_np", "label", "labels", "y", "target", "class", "bbb", "active")
@@ -232,23 +232,6 @@ class Splits:
     heldout: TokenizedDataset
     tokenizer: SmilesTokenizer
     source: str
-
-
-def stratified_split(labels: np.ndarray, heldout_frac: float, dev_frac: float,
-                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Indices of train / dev / heldout, each with the class balance of the whole.
-
-    As the original workshop: hold out ``heldout_frac``, then take ``dev_frac``
-    of the rest for model selection.
-    """
-    idx = np.arange(len(labels))
-    try:
-        rest, heldout = train_test_split(idx, test_size=heldout_frac, stratify=labels, random_state=seed)
-        train, dev = train_test_split(rest, test_size=dev_frac, stratify=labels[rest], random_state=seed)
-    except ValueError as err:
-        raise WorkshopError(f"cannot split {len(labels)} molecules into train/dev/heldout with both classes in "
-                            f"each ({err}); use more molecules (--limit 100 or more)") from None
-    return np.sort(train), np.sort(dev), np.sort(heldout)
 
 
 def load_splits(path: Path, smiles_col: str | None = None, label_col: str | None = None,

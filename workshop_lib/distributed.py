@@ -12,8 +12,10 @@ script, DDP wrapper included, runs unchanged with no network port.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import warnings
+import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -96,9 +98,10 @@ def _pick_backend(requested: str | None, launch: LaunchEnv) -> tuple[str, torch.
         if not has_cuda:
             raise WorkshopError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo or leave it out")
         n_gpus = torch.cuda.device_count()
-        if launch.local_rank >= n_gpus:
-            raise WorkshopError(f"LOCAL_RANK {launch.local_rank} has no GPU: this node has {n_gpus}; "
-                                f"use --nproc_per_node={n_gpus} or fewer")
+        # Every rank checks the node's process count, so they all refuse, not just the ones without a GPU.
+        if max(launch.local_world_size, launch.local_rank + 1) > n_gpus:
+            raise WorkshopError(f"--nproc_per_node={launch.local_world_size} is more than the {n_gpus} GPU(s) on "
+                                f"this node; use --nproc_per_node={n_gpus} or fewer (or --backend gloo for CPU)")
         return backend, torch.device("cuda", launch.local_rank)
     return backend, torch.device("cpu")
 
@@ -108,9 +111,9 @@ def _set_threads(launch: LaunchEnv, device: torch.device) -> None:
     if device.type != "cpu":
         return
     cores = os.cpu_count() or 1
-    if launch.local_world_size > cores and launch.local_rank == 0:
-        warnings.warn(f"{launch.local_world_size} processes on {cores} CPU cores: ranks will share cores "
-                      f"and run slower; use --nproc_per_node={cores} or fewer", stacklevel=3)
+    if launch.local_world_size > cores and launch.local_rank == 0:  # one line, from one rank per node
+        print(f"warning: --nproc_per_node={launch.local_world_size} is more than the {cores} CPU cores: ranks "
+              f"will share cores and run slower; use --nproc_per_node={cores} or fewer", file=sys.stderr, flush=True)
     if launch.omp_threads is not None:
         torch.set_num_threads(launch.omp_threads)
     elif launch.world_size > 1:
@@ -132,6 +135,11 @@ def _store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"workshop/restart{launch.restart_count}", tcp)
 
 
+# Set by setup(), read by teardown(): where a failing rank leaves its reason for the others.
+_job: dict = {}
+_LINGER = 2.0  # seconds a rank that lost its peers waits, so torchrun sees the rank that failed first
+
+
 def setup(backend: str | None = None, timeout: float = 120.0) -> DistEnv:
     """Join the process group torchrun prepared (or a group of one) and return who we are."""
     launch = read_launch_env()
@@ -141,16 +149,63 @@ def setup(backend: str | None = None, timeout: float = 120.0) -> DistEnv:
         torch.cuda.set_device(device)
     wait = timedelta(seconds=timeout)
     try:
-        dist.init_process_group(backend, store=_store(launch, wait), rank=launch.rank,
-                                world_size=launch.world_size, timeout=wait)
+        store = _store(launch, wait)
+        dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size, timeout=wait)
     except (RuntimeError, dist.DistStoreError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = _first_line(err)
+        if "EADDRINUSE" in first:
+            raise WorkshopError(f"port {launch.master_port} is already in use (another job?); launch with another "
+                                f"--master-port, or with torchrun --standalone, which picks a free one") from None
         raise WorkshopError(f"could not join the process group at {launch.master_addr}:{launch.master_port} "
                             f"within {timeout:g}s ({first}); check that every rank started and the port is free") from None
+    _job.update(store=store, rank=launch.rank, world_size=launch.world_size, timeout=timeout)
     return DistEnv(launch.rank, launch.local_rank, launch.world_size, launch.local_world_size, device, backend)
 
 
+def _lost_peers(err: BaseException) -> bool:
+    """Did a collective fail because another rank died, left or hangs (not because of this rank)?"""
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and "gloo" in str(err))
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200] or type(err).__name__
+
+
+def _explain_failure(err: BaseException) -> str | None:
+    """Leave this rank's reason in the store, or read the reason a failed peer left there.
+
+    Returns the one-line message for a rank whose collective broke, else None.
+    """
+    store, rank, world_size = _job["store"], _job["rank"], _job["world_size"]
+    if not _lost_peers(err):
+        with contextlib.suppress(Exception):  # a dead store must not hide the original error
+            store.set(f"failed/{rank}", f"{type(err).__name__}: {_first_line(err)}")
+        return None
+    time.sleep(_LINGER)  # the failed rank records before its sockets close; and torchrun sees it exit first
+    reasons = []
+    with contextlib.suppress(Exception):
+        for r in range(world_size):
+            if r != rank and store.check([f"failed/{r}"]):
+                reasons.append(f"rank {r} failed ({store.get(f'failed/{r}').decode()})")
+    if reasons:
+        return f"{'; '.join(reasons)}; this rank stopped with it"
+    return (f"lost contact with the other ranks ({_first_line(err)}): one of them crashed, was killed or hangs "
+            f"(no answer within --timeout {_job['timeout']:g}s); look for its own message")
+
+
 def teardown() -> None:
-    """Leave the process group. Safe to call twice, or when setup failed."""
+    """Leave the process group. Safe to call twice, or when setup failed.
+
+    Called from a ``finally`` while an error propagates, it makes a failure legible:
+    the rank that failed leaves its reason in the store; a rank whose collective broke
+    because of another rank replaces torch's error with one WorkshopError naming that rank.
+    """
+    err = sys.exc_info()[1]
+    message = None
+    if isinstance(err, Exception) and _job.get("world_size", 1) > 1 and dist.is_initialized():
+        message = _explain_failure(err)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _job.clear()
+    if message:
+        raise WorkshopError(message) from None

@@ -44,6 +44,14 @@ class Reporter:
         if self.is_main:
             prepare_out_dir(cfg.out)
 
+    # -- resume (checkpoint.py) ----------------------------------------------
+    def state_dict(self) -> dict:
+        return {"history": self.history, "train_seconds": self.train_seconds, "train_samples": self.train_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = list(state["history"])
+        self.train_seconds, self.train_samples = state["train_seconds"], state["train_samples"]
+
     # -- console -------------------------------------------------------------
     def print(self, *args) -> None:
         if self.is_main:

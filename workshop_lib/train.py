@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -35,7 +34,11 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> SmilesLSTM:
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # fused: one kernel over all parameters instead of a dozen small ops per tensor. With
+    # ~20k parameters that per-op overhead is most of AdamW's cost (0.6 -> 0.3 ms a step on CPU).
+    params = list(model.parameters())
+    fused = torch.__version__ >= (2, 4) and all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
 
 
 def train_epoch(model: nn.Module, loader: DataLoader, optimizer: torch.optim.Optimizer,
@@ -75,10 +78,27 @@ def predict(model: nn.Module, loader: DataLoader, device: torch.device) -> tuple
     return torch.cat(probs).cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve: the chance that a random positive outscores a random negative.
+
+    Computed from ranks (Mann-Whitney U; ties count one half), which equals
+    scikit-learn's ``roc_auc_score`` for 0/1 labels without importing it (over a
+    second of every rank's startup).
+    """
+    labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float64)
+    pos = labels == 1
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("ROC AUC needs both classes among the labels")
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]  # 1-based, tied scores share their mean rank
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> float:
     """ROC AUC of ``model`` on ``loader``. Pass the unwrapped module, not the DDP wrapper."""
     probs, labels = predict(model, loader, device)
-    return float(roc_auc_score(labels, probs))
+    return roc_auc(labels, probs)
 
 
 class BestModel:

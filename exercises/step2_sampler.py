@@ -1,0 +1,88 @@
+# Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
+# Edit the notebook's cells tagged script:step2_sampler, then rebuild.
+# ruff: noqa (exercise version: the TODOs leave names for you to define)
+"""Step 2: DistributedSampler gives every rank its own shard of the data.
+
+Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
+1/N of the time. But nothing keeps the N models in step: each follows its
+own shard's gradients, and their weights drift apart (printed every epoch).
+Step 3 fixes that with DistributedDataParallel.
+
+    torchrun --nproc_per_node=2 solutions/step2_sampler.py
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from workshop_lib import distributed
+from workshop_lib.config import TrainConfig, build_parser, parse_config
+from workshop_lib.data import check_shardable, load_splits, make_eval_loader, make_loader
+from workshop_lib.distributed import DistEnv
+from workshop_lib.errors import run_cli
+from workshop_lib.model import count_parameters
+from workshop_lib.report import Reporter
+from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
+
+
+def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
+    """This rank's shard of ``dataset``: 1/N of it, in an order that set_epoch reshuffles."""
+    # TODO: return a DistributedSampler over `dataset` for rank env.rank of env.world_size, shuffled with seed cfg.seed
+    raise NotImplementedError("fill in the TODO above")
+
+
+def replica_spread(model: torch.nn.Module, env: DistEnv) -> float:
+    """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree)."""
+    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
+    everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(everyone, mine)
+    return max((w - everyone[0]).abs().max().item() for w in everyone)
+
+
+def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
+    torch.manual_seed(cfg.seed)
+    splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
+                         cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
+    check_shardable(len(splits.train), env.world_size)
+    report = Reporter(cfg, "step2_sampler", env.device, env)
+
+    sampler = make_sampler(splits.train, cfg, env)
+    print(f"rank {env.rank}: {len(sampler)} of {len(splits.train)} training molecules per epoch", flush=True)
+    train_loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
+    dev_loader = make_eval_loader(splits.dev)
+
+    model = build_model(cfg, len(splits.tokenizer)).to(env.device)
+    optimizer = build_optimizer(cfg, model)
+    report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
+
+    best = BestModel()
+    for epoch in range(cfg.epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        bar = report.progress(epoch, len(train_loader))
+        stats = train_epoch(model, train_loader, optimizer, env.device, bar)
+        spread = replica_spread(model, env)  # every rank takes part in the all_gather
+        if env.is_main:  # rank 0 evaluates its own replica
+            dev_auc = evaluate(model, dev_loader, env.device)
+            best.update(epoch, dev_auc, model)
+            report.epoch(epoch, stats, dev_auc, bar, replica_spread=spread)
+
+    if env.is_main:
+        best.restore(model)
+        heldout_auc = evaluate(model, make_eval_loader(splits.heldout), env.device)
+        return report.finish(best, heldout_auc, replica_spread=spread)
+    return None
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
+    env = distributed.setup(cfg.backend, cfg.timeout)
+    try:
+        return train(cfg, env)
+    finally:
+        distributed.teardown()
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))

@@ -1,0 +1,135 @@
+"""launch.torchrun and launch.notebook_launch: output per rank, metrics back, failures and hangs stopped."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workshop_lib import launch
+from workshop_lib.errors import WorkshopError
+
+from .conftest import SOLUTIONS
+
+SCRIPT = """
+import argparse, json, os, sys, time
+from pathlib import Path
+from workshop_lib.distributed import read_launch_env
+p = argparse.ArgumentParser()
+p.add_argument("--out", type=Path)
+p.add_argument("--mode", default="ok")
+p.add_argument("--no-progress", action="store_true")
+a = p.parse_args()
+env = read_launch_env()
+(a.out / f"pid{env.rank}").write_text(str(os.getpid()))
+print(f"hello from {env.rank} of {env.world_size} threads={os.environ.get('OMP_NUM_THREADS')}", flush=True)
+if a.mode == "fail" and env.rank == 1:
+    print("rank one gives up", file=sys.stderr, flush=True)
+    raise SystemExit(3)
+if a.mode == "hang":
+    time.sleep(600)
+if env.rank == 0:
+    print("epoch 1/1  train loss 0.5", flush=True)
+    (a.out / "metrics.json").write_text(json.dumps({"answer": 42}))
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return path
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_shows_rank0_and_returns_its_metrics(script, tmp_path, capsys):
+    result = launch.torchrun(script, 2, ["--mode", "ok"], out=tmp_path, timeout=120)
+    captured = capsys.readouterr()
+    shown = captured.out.splitlines()
+    assert shown[0].startswith("$ torchrun --standalone --nproc_per_node=2 ") and f"--out {tmp_path}" in shown[0]
+    assert "hello from 0 of 2 threads=1" in shown
+    assert not any("hello from 1" in line for line in shown)  # rank 1's lines are kept, not shown
+    assert dict(result) == {"answer": 42}
+    assert result.rank_lines(1) == ["hello from 1 of 2 threads=1"]
+    assert result.command == shown[0][2:]
+    assert result.command.endswith("--no-progress")  # the script's own bar would arrive through a pipe
+    assert "1/1" in captured.err  # ours, fed by rank 0's "epoch 1/1" line
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_failure_raises_with_the_ranks_last_lines_and_show_all_labels_them(script, tmp_path, capsys):
+    with pytest.raises(launch.LaunchError, match="exited with code 1") as err:
+        launch.torchrun(script, 2, ["--mode", "fail"], out=tmp_path, timeout=120, progress=False, show="all")
+    assert "[rank 1] rank one gives up" in str(err.value)
+    shown = capsys.readouterr().out.splitlines()
+    assert "[rank 0] hello from 0 of 2 threads=1" in shown
+    assert "[rank 1] hello from 1 of 2 threads=1" in shown
+
+
+@pytest.mark.timeout(150)
+def test_torchrun_timeout_stops_every_rank(script, tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(launch.LaunchError, match="timed out after"):
+        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=25, progress=False)
+    assert time.perf_counter() - start < 60
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    time.sleep(1)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_torchrun_refuses_a_missing_script_and_a_bad_show():
+    with pytest.raises(WorkshopError, match="not found"):
+        launch.torchrun("solutions/no_such_step.py")
+    with pytest.raises(WorkshopError, match="show='rank0', 'all' or None"):
+        launch.torchrun(SOLUTIONS / "step1_process_group.py", show="rank1")
+
+
+def _all_reduce(env, scale):
+    t = torch.tensor([env.rank + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {env.rank} holds {t.item():g}")
+    return env.rank, env.world_size, t.item() * scale
+
+
+@pytest.mark.timeout(120)
+def test_notebook_launch_returns_every_rank_in_order(capsys):
+    assert launch.notebook_launch(_all_reduce, 2, 10.0) == [(0, 2, 30.0), (1, 2, 30.0)]
+    assert capsys.readouterr().out == "rank 0 holds 3\n"  # only rank 0 speaks
+
+
+def _fail_on_rank1(env):
+    if env.rank == 1:
+        raise ValueError("rank 1 is unhappy")
+    return env.rank
+
+
+@pytest.mark.timeout(120)
+def test_notebook_launch_names_the_failing_rank():
+    with pytest.raises(launch.LaunchError, match="rank 1 raised ValueError: rank 1 is unhappy"):
+        launch.notebook_launch(_fail_on_rank1, 2)
+
+
+def _hang_on_rank1(env):
+    if env.rank == 1:
+        time.sleep(600)
+    return env.rank
+
+
+@pytest.mark.timeout(120)
+def test_notebook_launch_times_out():
+    start = time.perf_counter()
+    with pytest.raises(launch.LaunchError, match="did not finish within 5s"):
+        launch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+    assert time.perf_counter() - start < 60
+
+
+def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(WorkshopError, match="restart the kernel"):
+        launch.notebook_launch(_all_reduce, 2, 1.0)

@@ -1,0 +1,355 @@
+"""Launching ranks from a notebook cell: a step script under torchrun, or a function on N forked ranks.
+
+:func:`torchrun` runs ``python -m torch.distributed.run`` exactly as a learner
+would in a terminal, shows rank 0's lines (or every rank's, labelled) and a
+progress bar, and returns rank 0's metrics.json. :func:`notebook_launch` runs a
+function defined in the notebook on N ranks started by torch's own elastic
+launcher, each with a ready process group, and returns what each rank returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from workshop_lib.config import REPO_ROOT, TrainConfig
+from workshop_lib.errors import WorkshopError
+
+TAIL_LINES = 40
+_RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<rank>\d+)\]:(?P<text>.*)$")
+_EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s")
+
+
+class LaunchError(WorkshopError):
+    """A launched job failed or timed out; the message ends with the tail of its output."""
+
+    def __init__(self, message: str, output: Sequence[str] = ()):
+        super().__init__(message)
+        self.output = list(output)
+
+
+class RunResult(dict):
+    """Rank 0's metrics.json (empty when the script writes none), plus how the run went."""
+
+    command: str  # what you would type in a terminal at the repository root
+    output: list[str]  # every line of every rank, as "[rank N] text"
+    seconds: float  # wall time of the whole launch, start-up included
+
+    def rank_lines(self, rank: int = 0) -> list[str]:
+        """The lines one rank printed, without the label."""
+        tag = f"[rank {rank}] "
+        return [line[len(tag):] for line in self.output if line.startswith(tag)]
+
+
+# ---------------------------------------------------------------------------- torchrun
+
+
+def _display_path(path: Path) -> str:
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    """Relative paths are relative to the repository root, as in the printed command."""
+    path = Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Child processes of ``pid``, recursively (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM torchrun (it stops its workers), then SIGKILL whatever is left.
+
+    torchrun starts each worker in its own session, so killing torchrun's
+    process group alone could leave workers behind; they are found first.
+    """
+    workers = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    for pid in [proc.pid, *workers]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+
+
+def _reader(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n").rsplit("\r", 1)[-1])
+    lines.put(None)
+
+
+class _EpochBar:
+    """A tqdm bar (a widget in Jupyter) advanced by rank 0's "epoch k/N" lines."""
+
+    def __init__(self, epochs: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=epochs, desc="epochs", unit="epoch", file=sys.stderr)
+
+    def feed(self, text: str) -> None:
+        m = _EPOCH_LINE.match(text)
+        if self.bar is not None and m:
+            self.bar.total = int(m.group(2))
+            self.bar.update(int(m.group(1)) - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
+             timeout: float = 600, progress: bool = True, show: str | None = "rank0") -> RunResult:
+    """Run ``torchrun --standalone --nproc_per_node=NPROC SCRIPT ARGS`` and return rank 0's metrics.
+
+    Relative paths are relative to the repository root. ``--out`` is taken
+    from ``args``, else from ``out``, else a fresh directory under runs/ is
+    added (``out=False``: add none, for scripts without ``--out``). Scripts
+    built on config.build_parser get ``--no-progress``: their own tqdm would
+    arrive through a pipe, so this function draws the bar instead.
+    ``show="rank0"`` prints rank 0's lines, ``"all"`` every line with its rank
+    (in arrival order, which varies), None nothing (read ``result.output``);
+    on failure the error carries the last lines of every rank either way.
+    """
+    if show not in ("rank0", "all", None):
+        raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
+    script = _resolve(script)
+    if not script.is_file():
+        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {REPO_ROOT})")
+    args = [str(a) for a in args]
+    if out is not False and _flag_value(args, "--out") is None:
+        if out is None:
+            (REPO_ROOT / "runs").mkdir(exist_ok=True)
+            out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=REPO_ROOT / "runs")
+        args += ["--out", _display_path(_resolve(out))]
+    if out is not False and "--no-progress" not in args:
+        args.append("--no-progress")
+    out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
+    epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
+
+    launcher = ["--standalone", f"--nproc_per_node={nproc}"]
+    command = " ".join(["torchrun", *launcher, _display_path(script), *map(shlex.quote, args)])
+    print(f"$ {command}", flush=True)
+    log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
+    # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
+    argv = [sys.executable, "-m", "torch.distributed.run", *launcher, "--tee", "3", "--log-dir", log_dir,
+            str(script), *args]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+
+    start, started_at = time.perf_counter(), time.time()
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
+    output: list[str] = []
+    bar = _EpochBar(epochs, progress)
+    deadline = start + timeout
+    try:
+        while True:
+            try:
+                raw = lines.get(timeout=max(0.0, min(1.0, deadline - time.perf_counter())))
+            except queue.Empty:
+                if time.perf_counter() >= deadline:
+                    _kill_tree(proc)
+                    raise LaunchError(_failure(f"timed out after {timeout:g}s; stopped every rank", output),
+                                      output) from None
+                continue
+            if raw is None:
+                break
+            m = _RANK_PREFIX.match(raw)
+            rank, text = (int(m.group("rank")), m.group("text")) if m else (None, raw)
+            line = f"[rank {rank}] {text}" if rank is not None else f"[torchrun] {text}"
+            output.append(line)
+            if rank == 0:
+                bar.feed(text)
+            if show == "all":
+                print(line, flush=True)
+            elif show == "rank0" and rank == 0:
+                print(text, flush=True)
+        proc.wait(timeout=30)
+    except BaseException:
+        _kill_tree(proc)
+        raise
+    finally:
+        bar.close()
+    if proc.returncode != 0:
+        raise LaunchError(_failure(f"exited with code {proc.returncode} (torchrun logs: {log_dir})", output), output)
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+    result = RunResult()
+    written = out_dir / "metrics.json" if out_dir is not None else None
+    if written is not None and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
+        from workshop_lib.metrics import read_metrics
+
+        result.update(read_metrics(written))
+    result.command, result.output, result.seconds = command, output, time.perf_counter() - start
+    return result
+
+
+def _failure(what: str, output: Sequence[str]) -> str:
+    """The ranks' last lines (where the real error is); torchrun's own only if the ranks said nothing."""
+    ranks = [line for line in output if line.startswith("[rank ")]
+    tail = ranks[-TAIL_LINES:] or output[-TAIL_LINES:]
+    if not tail:
+        return f"torchrun {what}; no rank printed anything"
+    return f"torchrun {what}. Last lines:\n" + "\n".join(tail)
+
+
+# ---------------------------------------------------------------------- in the notebook
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
+    """What each forked rank runs: send its output to its own log, join the group, call ``fn(env, *args)``."""
+    from workshop_lib import distributed
+
+    # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
+    # characters interleaved into the cell: each rank writes to its own file instead.
+    rank = distributed.read_launch_env().rank
+    log = open(Path(log_dir) / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
+    os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    env = distributed.setup(backend, timeout)
+    try:
+        return fn(env, *args)
+    finally:
+        distributed.teardown()
+        log.flush()
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float, what: str):
+    """Raise TimeoutError after ``seconds`` (main thread only; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"{what} did not finish within {seconds:g}s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo") -> list:
+    """Run ``fn(env, *args)`` on ``nprocs`` forked ranks; return each rank's result, in rank order.
+
+    torch's elastic launcher (the engine inside torchrun) forks the ranks and
+    hosts the rendezvous on a free local port; each rank then joins a process
+    group (``distributed.setup``) and gets its DistEnv. What the ranks print
+    goes to per-rank log files; rank 0's stdout is shown after the run, and
+    a failure shows the tail of every rank's output.
+    """
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if torch.cuda.is_initialized():
+        raise WorkshopError("CUDA is already initialised in this kernel, and forked ranks cannot use it; "
+                            "restart the kernel and call notebook_launch before any CUDA work, or use launch.torchrun")
+    log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",
+                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
+                          monitor_interval=0.1, start_method="fork")
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
+    try:
+        with _alarm(timeout, f"notebook_launch of {getattr(fn, '__name__', fn)}"):
+            results = elastic_launch(config, _rank_main)(fn, backend, timeout, log_dir, *args)
+    except ChildFailedError as err:
+        raise LaunchError(_rank_failure(_first_failure(err), log_dir)) from None
+    except TimeoutError as err:
+        raise LaunchError(_rank_failure(str(err), log_dir)) from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+    _show_rank0(log_dir)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return [results[r] for r in sorted(results)]
+
+
+def _first_failure(err) -> str:
+    """'rank R raised X: message' and the last traceback lines, from the launcher's error."""
+    rank, failure = err.get_first_failure()
+    msg = failure.message
+    if isinstance(msg, dict):
+        stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
+        where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
+        return f"rank {rank} raised {msg.get('message', '?')}" + (f" ({where})" if where else "")
+    return f"rank {rank} failed with exit code {failure.exitcode}"
+
+
+def _rank_logs(log_dir: str) -> dict[int, str]:
+    """{rank: everything it printed}."""
+    return {int(p.stem[4:]): p.read_text() for p in sorted(Path(log_dir).glob("rank*.log"))}
+
+
+def _show_rank0(log_dir: str) -> None:
+    text = _rank_logs(log_dir).get(0, "")
+    if text:
+        print(text, end="" if text.endswith("\n") else "\n", flush=True)
+
+
+def _rank_failure(what: str, log_dir: str) -> str:
+    lines = [f"[rank {rank}] {line}" for rank, text in sorted(_rank_logs(log_dir).items()) for line in text.splitlines()]
+    if not lines:
+        return f"notebook_launch failed: {what}"
+    return f"notebook_launch failed: {what}. Last lines:\n" + "\n".join(lines[-TAIL_LINES:])

@@ -160,8 +160,14 @@ def test_seed_epoch_depends_on_seed_epoch_and_rank_only():
 
 
 @pytest.mark.timeout(120)
-def test_rerunning_a_finished_run_trains_nothing_and_reports_the_same(step3, tmp_path, capsys):
+def test_rerunning_a_finished_run_starts_afresh_and_more_epochs_continue_it(step3, tmp_path, capsys):
     first = train(step3, tmp_path, "--epochs", "1")
     again = train(step3, tmp_path, "--epochs", "1")
+    out = capsys.readouterr().out
+    assert "holds a finished 1-epoch run: starting afresh" in out and "resuming from" not in out
+    learned = [(h["train_loss"], h["dev_roc_auc"]) for h in first["history"]]
+    assert [(h["train_loss"], h["dev_roc_auc"]) for h in again["history"]] == learned  # trained again, same seed
+    assert again["heldout_roc_auc"] == first["heldout_roc_auc"]
+    longer = train(step3, tmp_path, "--epochs", "2")
     assert "resuming from" in capsys.readouterr().out
-    assert again["history"] == first["history"] and again["heldout_roc_auc"] == first["heldout_roc_auc"]
+    assert longer["history"][0] == again["history"][0] and len(longer["history"]) == 2  # epoch 1 kept, 2 added

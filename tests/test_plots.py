@@ -59,10 +59,17 @@ def test_training_curves_overlays_runs_with_labelled_axes(tmp_path, capsys):
     labelled = plots.training_curves([one], labels=["baseline"])
     assert [line.get_label() for line in labelled.axes[0].get_lines()] == ["baseline"]
 
+    capsys.readouterr()
+    partial = plots.training_curves(tmp_path / "not-run-yet", two, labels=["step 1", "step 2"])
+    assert [line.get_label() for line in partial.axes[0].get_lines()] == ["step 2"]
+    assert "no curves from" in capsys.readouterr().out
+
 
 def test_training_curves_explains_a_missing_run(tmp_path):
     with pytest.raises(WorkshopError, match="no TensorBoard event files"):
         plots.training_curves(tmp_path)
+    with pytest.raises(WorkshopError, match=r"none of .* holds TensorBoard event files"):
+        plots.training_curves(tmp_path / "a", tmp_path / "b")
     with pytest.raises(WorkshopError, match="one label per run"):
         plots.training_curves(tmp_path, tmp_path, labels=["a"])
 

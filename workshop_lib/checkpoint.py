@@ -138,13 +138,20 @@ def check_compatible(snap: dict, path: Path, cfg: TrainConfig, env: DistEnv, voc
 
 
 def load_latest(cfg: TrainConfig, env: DistEnv, vocab_size: int) -> tuple[Path, dict] | None:
-    """The snapshot to resume from (``--resume``, else OUT/snapshot.pt if present), checked; None: start afresh.
+    """The snapshot to resume from (``--resume``, else OUT/snapshot.pt if it has epochs left), checked; None: start afresh.
 
     Every rank reads the file itself, so with several nodes ``--out`` must be on a
     filesystem they share; the ranks check that they all found the same epoch.
     """
     path = Path(cfg.resume) if cfg.resume is not None else Path(cfg.out) / SNAPSHOT
     found = read(path) if (cfg.resume is not None or path.is_file()) else None
+    if found is not None and cfg.resume is None and found["epoch"] + 1 >= cfg.epochs:
+        # A finished run left in --out: nothing of this run is left to resume, so
+        # train afresh (a rerun with, say, another --lr must not report the old model).
+        if env.is_main:
+            print(f"{path} holds a finished {found['epoch'] + 1}-epoch run: starting afresh "
+                  f"(--resume {path} continues it instead)", flush=True)
+        found = None
     if found is not None:
         check_compatible(found, path, cfg, env, vocab_size)
     if env.world_size > 1:

@@ -75,9 +75,19 @@ def training_curves(*out_dirs: str | Path, labels: Sequence[str] | None = None):
         raise WorkshopError(f"training_curves got {len(paths)} run(s) but {len(labels)} label(s); give one label per run")
     names = list(labels) if labels is not None else [_run_label(p) for p in paths]
 
-    fig, (ax_loss, ax_auc) = _new_figure(ncols=2)
+    runs = []
     for path, name in zip(paths, names, strict=True):
-        scalars = read_scalars(path)
+        try:
+            runs.append((name, read_scalars(path)))
+        except WorkshopError:
+            if len(paths) == 1:
+                raise
+            # Overlaying: a run not made yet (its notebook not run) should not hide the others.
+            print(f"(no curves from {path}: no TensorBoard event files there yet; run the notebook that writes it)")
+    if not runs:
+        raise WorkshopError(f"none of {', '.join(map(str, paths))} holds TensorBoard event files; run the steps first")
+    fig, (ax_loss, ax_auc) = _new_figure(ncols=2)
+    for name, scalars in runs:
         for ax, tag in ((ax_loss, LOSS_TAG), (ax_auc, AUC_TAG)):
             points = scalars.get(tag, {})
             epochs = sorted(points)

@@ -42,3 +42,4 @@ if __name__ == "__main__":
             torch.save(state, sys.argv[1])
     finally:
         distributed.teardown()
+    distributed.exit_worker(0)

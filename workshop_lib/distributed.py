@@ -193,6 +193,21 @@ def _explain_failure(err: BaseException) -> str | None:
             f"(no answer within --timeout {_job['timeout']:g}s); look for its own message")
 
 
+def exit_worker(code: int) -> None:
+    """In a multi-process job, end this process now, after teardown; elsewhere return.
+
+    A finished gloo rank sometimes aborts while the interpreter shuts down (C++
+    destructors racing: "terminate called without an active exception"), and
+    torchrun then reports a good run as failed. Leaving with ``os._exit`` after the
+    process group is destroyed and the output flushed skips that shutdown.
+    """
+    if read_launch_env().world_size <= 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def teardown() -> None:
     """Leave the process group. Safe to call twice, or when setup failed.
 

@@ -14,16 +14,19 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
     """Call ``main(argv)``; turn a WorkshopError into one line on stderr and exit code 2.
 
     Under torchrun every rank runs this; each prefixes its rank so the line that
-    names the problem also names where it happened.
+    names the problem also names where it happened, and then ends its process
+    at once (see :func:`workshop_lib.distributed.exit_worker`).
     """
+    from workshop_lib.distributed import exit_worker, rank_label  # late: distributed imports this module
+
+    code = 0
     try:
         main(argv)
     except WorkshopError as err:
-        from workshop_lib.distributed import rank_label  # late: distributed imports this module
-
         print(f"{rank_label()}error: {err}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    return 0
+        code = 130
+    exit_worker(code)  # returns only outside a multi-process job
+    return code

@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from workshop_lib.launch import free_port
 
 from .conftest import REPO, SOLUTIONS, cpu_env
 
@@ -38,12 +39,6 @@ def listening(port: int) -> bool:
                 if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                     return True
     return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Launch:

@@ -34,11 +34,14 @@ def test_dry_run_plans_both_recipes_and_scaling_at_one_global_batch(bbbp_style_c
     assert "--nproc_per_node=2" in workshop["cmd"] and workshop["cmd"][-2:] == ["--data", str(REPO / "dataset" /
                                                                                    "b3db_classification.csv")]
     scaling = [j for j in jobs if j["group"] == "scaling"]
-    assert {j["name"] for j in scaling} >= {"1x1", "1x2", "2x1"}
-    global_batch = TrainConfig().batch_size * 2
+    default = TrainConfig().batch_size * 2  # two processes at the default batch each
+    assert scaling[0]["global_batch"] == default  # the first is the one the targets are judged at
+    assert {j["global_batch"] for j in scaling} == {default, 2 * default, 4 * default}
+    for g in (default, 2 * default, 4 * default):
+        assert {j["name"] for j in scaling if j["global_batch"] == g} >= {"1x1", "1x2", "2x1"}
     for j in scaling:
         per_process = int(j["cmd"][j["cmd"].index("--batch-size") + 1])
-        assert per_process * j["procs"] == j["global_batch"] == global_batch
+        assert per_process * j["procs"] == j["global_batch"]
         assert f"--nproc_per_node={j['procs']}" in j["cmd"]
         assert j["threads"] == (int(j["name"].split("x")[1]) if j["procs"] == 1 else 1)
     assert any(j["group"] == "notebooks" and "--nbval" in j["cmd"] for j in jobs)
@@ -78,13 +81,34 @@ def test_ratios_compare_figures_of_the_same_run():
         return bench.Job(group, name, "d.csv" if group == "recipe" else "B3DB (shipped)", [], None, 1,
                          runs=[{"rss_mb_per_rank": [figures.pop("rss", 100.0)], **figures}])
 
+    def at(j, g):
+        j.global_batch = g
+        return j
+
     jobs = [job("recipe", "original", wall_seconds=180.0, rss=1400.0),
             job("recipe", "workshop", wall_seconds=15.0, rss=350.0),
-            job("scaling", "1x1", steady_samples_per_second=1000.0),
-            job("scaling", "1x2", steady_samples_per_second=1200.0),
-            job("scaling", "2x1", steady_samples_per_second=1900.0)]
+            at(job("scaling", "1x1", steady_samples_per_second=1000.0), 128),
+            at(job("scaling", "1x2", steady_samples_per_second=1200.0), 128),
+            at(job("scaling", "2x1", steady_samples_per_second=1900.0), 128),
+            at(job("scaling", "1x1", steady_samples_per_second=900.0), 512),
+            at(job("scaling", "2x1", steady_samples_per_second=2000.0), 512)]
     r = bench.ratios(jobs)
     assert r["d.csv: original wall / workshop wall (target >= 6)"] == pytest.approx(12.0)
     assert r["d.csv: workshop peak RSS per rank / original (target <= 0.5)"] == pytest.approx(0.25)
     assert r["2 procs x 1 thread / 1 proc x 2 threads (target > 1.1)"] == pytest.approx(1900 / 1200)
     assert r["2 procs x 1 thread / 1 proc x 1 thread (target >= 1.8)"] == pytest.approx(1.9)
+    # Other global batches are reported beside the default, never mixed with it.
+    assert r["2 procs x 1 thread / 1 proc x 1 thread at global batch 512 (target >= 1.8)"] == pytest.approx(2000 / 900)
+    assert not any("512" in k and "2 threads" in k for k in r)  # no 1x2 run at 512: no ratio made up
+
+
+@pytest.mark.timeout(120)
+def test_rank_rss_records_every_rank_of_a_real_torchrun(tmp_path):
+    """The wrapper must record even though workshop workers leave with os._exit."""
+    rss = tmp_path / "rss"
+    cmd = [*bench.torchrun(2), str(bench.RANK_RSS), str(rss), str(bench.STEP3), "--limit", "120", "--epochs", "1",
+           "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = bench.collect(tmp_path / "out", rss)
+    assert len(run["rss_mb_per_rank"]) == 2 and min(run["rss_mb_per_rank"]) > 50  # both ranks, torch loaded

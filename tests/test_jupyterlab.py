@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from workshop_lib.launch import free_port
 
 from .conftest import REPO, cpu_env
 
@@ -54,12 +55,6 @@ def _chromium() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -82,7 +77,7 @@ class Lab:
     """A JupyterLab server on 127.0.0.1 with its own root, settings and token."""
 
     def __init__(self, root: Path, home: Path):
-        self.root, self.port, self.token = root, _free_port(), secrets.token_hex(16)
+        self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         settings = home / "settings"
         # No news or update checks (no network), every cell in the DOM (no windowing), and no autosave races.
         for name, value in {

@@ -204,7 +204,7 @@ def ratios(jobs: list[Job]) -> dict:
                     s["peak_rss_mb_per_rank"] / orig["peak_rss_mb_per_rank"])
     scaling = [j for j in jobs if j.group == "scaling" and j.runs]
     default = scaling[0].global_batch if scaling else None  # the plan puts the default global batch first
-    sps = {(j.name, j.global_batch): summarize(j)["steady_samples_per_second"] for j in scaling}
+    sps = scaling_figures(jobs)
     for g in dict.fromkeys(j.global_batch for j in scaling):
         at = "" if g == default else f" at global batch {g}"
         if ("2x1", g) in sps and ("1x2", g) in sps:
@@ -212,6 +212,12 @@ def ratios(jobs: list[Job]) -> dict:
         if ("2x1", g) in sps and ("1x1", g) in sps:
             r[f"2 procs x 1 thread / 1 proc x 1 thread{at} (target >= 1.8)"] = sps["2x1", g] / sps["1x1", g]
     return r
+
+
+def scaling_figures(jobs: list[Job]) -> dict[tuple[str, int | None], float]:
+    """Median steady samples/s of each scaling job that ran, keyed by (name, global batch)."""
+    return {(j.name, j.global_batch): summarize(j)["steady_samples_per_second"]
+            for j in jobs if j.group == "scaling" and j.runs}
 
 
 def extra_flags(cmd: list[str]) -> list[str]:
@@ -253,10 +259,10 @@ def render_markdown(jobs: list[Job], info: dict, command: str) -> str:
                   "| global batch | processes x threads | runs | batch per process | training samples/s "
                   "| vs 1x1 at this global batch |",
                   "|---|---|---|---|---|---|"]
+        sps = scaling_figures(jobs)
         for j in sc:
             s = summarize(j)
-            base = next((summarize(b)["steady_samples_per_second"] for b in sc
-                         if b.global_batch == j.global_batch and b.procs == 1 and b.threads in (1, None)), None)
+            base = sps.get(("1x1", j.global_batch)) or sps.get(("1x1 GPU", j.global_batch))
             lines.append(f"| {j.global_batch} | {j.name} | {s['runs']} | {j.global_batch // j.procs} "
                          f"| {fmt(s['steady_samples_per_second'], ',.0f')} "
                          f"| {fmt(s['steady_samples_per_second'] / base if base else None, '.2f')}x |")
@@ -299,7 +305,7 @@ def render_plot(jobs: list[Job], path: Path) -> Path:
         ax.legend()
     ax.grid(alpha=0.3)
     ax = axes[1]  # the speed-up of K processes over 1 process, against the work in each step
-    sps = {(j.name, j.global_batch): summarize(j)["steady_samples_per_second"] for j in sc}
+    sps = scaling_figures(jobs)
     batches = sorted({g for _, g in sps})
     for other, style in (("1x1", "o-"), ("1x2", "s--")):
         pts = [(g, sps["2x1", g] / sps[other, g]) for g in batches if ("2x1", g) in sps and (other, g) in sps]

@@ -43,5 +43,6 @@ def main() -> None:
     finally:
         record(out)
 
+
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ from .conftest import REPO, cpu_env
 
 
 @pytest.mark.timeout(60)
-def test_dry_run_plans_both_recipes_and_scaling_at_one_global_batch(bbbp_style_csv):
+def test_dry_run_plans_both_recipes_and_scaling_at_each_global_batch(bbbp_style_csv):
     proc = subprocess.run([sys.executable, "benchmarks/bench.py", "--dry-run", "--data", str(bbbp_style_csv),
                            "--notebooks"], capture_output=True, text=True, timeout=50, cwd=REPO, env=cpu_env())
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -35,9 +35,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
+from workshop_lib.cli import run_cli
 from workshop_lib.config import DEFAULT_DATA
 from workshop_lib.data import load_table, stratified_split
-from workshop_lib.errors import run_cli
 from workshop_lib.metrics import write_atomic
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import RandomSampler
 
+from workshop_lib.cli import run_cli
 from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import load_splits, make_eval_loader, make_loader
-from workshop_lib.errors import run_cli
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch

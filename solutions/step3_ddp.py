@@ -20,10 +20,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from workshop_lib import checkpoint, distributed
+from workshop_lib.cli import run_cli
 from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import check_shardable, load_splits, make_eval_loader, make_loader
 from workshop_lib.distributed import DistEnv
-from workshop_lib.errors import run_cli
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch

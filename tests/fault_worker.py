@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib import distributed
-from workshop_lib.errors import run_cli
+from workshop_lib.cli import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workshop_lib import checkpoint
-from workshop_lib.errors import run_cli
+from workshop_lib.cli import run_cli
 
 from .test_errors import load_step
 

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from workshop_lib.errors import run_cli
+from workshop_lib.cli import run_cli
 
 from .conftest import SOLUTIONS, run_python
 

@@ -1,4 +1,4 @@
-"""launch.torchrun and launch.notebook_launch: output per rank, metrics back, failures and hangs stopped."""
+"""launch.torchrun and forklaunch.notebook_launch: output per rank, metrics back, failures and hangs stopped."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workshop_lib import launch
+from workshop_lib import forklaunch, launch
 from workshop_lib.errors import WorkshopError
 
 from .conftest import SOLUTIONS
@@ -99,7 +99,7 @@ def _all_reduce(env, scale):
 
 @pytest.mark.timeout(120)
 def test_notebook_launch_returns_every_rank_in_order(capsys):
-    assert launch.notebook_launch(_all_reduce, 2, 10.0) == [(0, 2, 30.0), (1, 2, 30.0)]
+    assert forklaunch.notebook_launch(_all_reduce, 2, 10.0) == [(0, 2, 30.0), (1, 2, 30.0)]
     assert capsys.readouterr().out == "rank 0 holds 3\n"  # only rank 0 speaks
 
 
@@ -112,7 +112,7 @@ def _fail_on_rank1(env):
 @pytest.mark.timeout(120)
 def test_notebook_launch_names_the_failing_rank():
     with pytest.raises(launch.LaunchError, match="rank 1 raised ValueError: rank 1 is unhappy"):
-        launch.notebook_launch(_fail_on_rank1, 2)
+        forklaunch.notebook_launch(_fail_on_rank1, 2)
 
 
 def _hang_on_rank1(env):
@@ -125,11 +125,11 @@ def _hang_on_rank1(env):
 def test_notebook_launch_times_out():
     start = time.perf_counter()
     with pytest.raises(launch.LaunchError, match="did not finish within 5s"):
-        launch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+        forklaunch.notebook_launch(_hang_on_rank1, 2, timeout=5)
     assert time.perf_counter() - start < 60
 
 
 def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(WorkshopError, match="restart the kernel"):
-        launch.notebook_launch(_all_reduce, 2, 1.0)
+        forklaunch.notebook_launch(_all_reduce, 2, 1.0)

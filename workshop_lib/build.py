@@ -35,8 +35,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from workshop_lib.cli import run_cli
 from workshop_lib.config import REPO_ROOT
-from workshop_lib.errors import WorkshopError, run_cli
+from workshop_lib.errors import WorkshopError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 SOLUTIONS = REPO_ROOT / "solutions"

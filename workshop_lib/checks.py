@@ -109,7 +109,8 @@ def _spy_all_reduce(env: DistEnv, fn: Callable) -> dict:
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
-    from workshop_lib.launch import LaunchError, notebook_launch
+    from workshop_lib.forklaunch import notebook_launch
+    from workshop_lib.launch import LaunchError
 
     try:
         ranks = notebook_launch(_spy_all_reduce, nprocs, fn, timeout=timeout)
@@ -238,7 +239,8 @@ def _ddp_step(env: DistEnv, wrap: Callable) -> dict:
 
 def ddp_wrap(wrap: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``wrap(model, env)`` must return DDP around ``model``, so one step leaves the replicas equal."""
-    from workshop_lib.launch import LaunchError, notebook_launch
+    from workshop_lib.forklaunch import notebook_launch
+    from workshop_lib.launch import LaunchError
 
     try:
         ranks = notebook_launch(_ddp_step, nprocs, wrap, timeout=timeout)

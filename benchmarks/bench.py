@@ -11,13 +11,19 @@ One run on one machine measures
   thread, each at the same global batch: the default one (where the targets are
   judged), then larger ones, since the speed-up of K processes grows with the
   work per step (gloo on CPU; on GPUs, K processes x 1 GPU, nccl);
-* notebooks (``--notebooks``): the wall time of ``pytest --nbval notebooks/``.
+* notebooks (``--notebooks``): the wall time of ``pytest --nbval notebooks/``;
+* model (``--parts model``, ``benchmarks/model_part.py``): the scaling model's
+  inputs measured here, its predicted samples/s and speed-up beside the scaling
+  table (this run's, or the one in ``results.json``), a published check and
+  projections to 1,024 ranks.
 
-and writes ``results.json``, ``results.md`` and ``scaling.png`` to ``--results``.
+and writes ``results.json``, ``results.md`` and ``scaling.png`` (``model.json`` and
+``model.md`` for the model) to ``--results``.
 
     python benchmarks/bench.py --data BBBP.csv --notebooks    # everything, ~30 min on 2 cores
     python benchmarks/bench.py --data BBBP.csv --quick        # every code path, tiny, ~1-2 min
     python benchmarks/bench.py --parts scaling --scaling-flags "--hidden 128"   # scaling of a bigger model
+    python benchmarks/bench.py --parts model                  # the scaling model against results.json, ~30 s
     python benchmarks/bench.py --dry-run                      # print the plan, run nothing
 """
 
@@ -360,7 +366,7 @@ def batch_list(text: str) -> list[int]:
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, help="a BBBP-format CSV to benchmark besides the shipped table")
-    p.add_argument("--parts", default="recipes,scaling", help="comma list of: recipes, scaling")
+    p.add_argument("--parts", default="recipes,scaling", help="comma list of: recipes, scaling, model")
     p.add_argument("--notebooks", action="store_true", help="also time pytest --nbval notebooks/")
     p.add_argument("--repeats", type=int, default=3, help="runs per workshop/scaling figure (median)")
     p.add_argument("--original-repeats", type=int, default=3, help="runs of the original recipe on --data")
@@ -378,7 +384,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON lines, run nothing")
     args = p.parse_args(argv)
     args.parts = {x.strip() for x in args.parts.split(",") if x.strip()}
-    if bad := args.parts - {"recipes", "scaling"}:
+    if bad := args.parts - {"recipes", "scaling", "model"}:
         p.error(f"unknown --parts {', '.join(sorted(bad))}")
     if args.data and not Path(args.data).is_file():
         p.error(f"--data {args.data} not found")
@@ -395,16 +401,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             d = asdict(j)
             d.pop("runs")
             print(json.dumps(d))
+        if "model" in args.parts:
+            print(json.dumps({"group": "model", "name": "scaling model", "writes": ["model.json", "model.md"]}))
         return 0
+    if jobs:
+        run_jobs(jobs, args, info, command)
+    if "model" in args.parts:
+        try:
+            from benchmarks import model_part
+        except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+            import model_part
+
+        figures = scaling_figures(jobs) if "scaling" in args.parts else None
+        print(model_part.run(args.results, figures, quick=args.quick, command=command).read_text())
+    return 0
+
+
+def run_jobs(jobs: list[Job], args: argparse.Namespace, info: dict, command: str) -> None:
     total = sum(j.repeats for j in jobs)
     done, t0 = 0, time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
         for rep in range(max(j.repeats for j in jobs)):  # interleave repeats: drift hits every job alike
-            for j in jobs:
+            for i, j in enumerate(jobs):
                 if rep >= j.repeats:
                     continue
-                run_dir = work / f"{j.group}-{j.name}-{j.dataset}-{rep}".replace(" ", "_").replace("/", "_")
+                # One fresh --out per job and repeat: a shared one would resume (or refuse) another run.
+                run_dir = work / f"{i:02d}-{j.group}-{j.name}-{rep}".replace(" ", "_").replace("/", "_")
                 j.runs.append(run_once(j, run_dir, args.timeout))
                 done += 1
                 r = j.runs[-1]
@@ -416,7 +439,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print((args.results / "results.md").read_text())
-    return 0
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from workshop_lib.cli import run_cli
 from workshop_lib.config import DEFAULT_DATA
-from workshop_lib.data import load_table, stratified_split
-from workshop_lib.metrics import write_atomic
+from workshop_lib.data import load_table
+from workshop_lib.files import write_atomic
+from workshop_lib.split import stratified_split
 
 
 class CharDataset(Dataset):

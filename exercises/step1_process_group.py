@@ -14,6 +14,8 @@ no speed-up yet. Step 2 splits the data.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import RandomSampler
@@ -30,7 +32,8 @@ from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate
 
 def check_all_reduce(env: DistEnv) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    # TODO: make `value`, a tensor holding env.rank + 1.0 on env.device, and sum it over all ranks with dist.all_reduce
+    # TODO: make `value`, a one-element tensor on env.device holding this rank's contribution, and sum it over
+    #       all ranks in place. Read: section 3 above; torch.distributed.all_reduce in the torch docs.
     raise NotImplementedError("fill in the TODO above")
     expected = env.world_size * (env.world_size + 1) / 2
     assert value.item() == expected, f"all_reduce gave {value.item()}, expected {expected}"
@@ -67,13 +70,27 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
 
 def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    env = distributed.setup(cfg.backend, cfg.timeout)  # join the group torchrun prepared
+    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
+    # TODO: pick `backend` (cfg.backend if given, else NCCL when CUDA GPUs are visible, Gloo otherwise) and `device`
+    #       (this process's own GPU, picked by its rank on this node; else the CPU), and on a GPU make that device
+    #       the current one. Read: section 2 "Backends" above; torch.cuda.set_device in the torch docs.
+    raise NotImplementedError("fill in the TODO above")
+    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
+    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
+    # TODO: join the process group: this backend, store=store, this process's rank in the whole job, the world
+    #       size, and timeout=cfg.timeout seconds. Read: torch.distributed.init_process_group in the torch docs.
+    raise NotImplementedError("fill in the TODO above")
+    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
+                  local_world_size=launch.local_world_size, device=device, backend=backend)
     try:
-        print(f"hello from {env.describe()}", flush=True)  # every rank speaks
-        check_all_reduce(env)
-        return train(cfg, env)
+        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
+            check_all_reduce(env)
+            return train(cfg, env)
     finally:
-        distributed.teardown()  # always leave the group, even after an error
+        # TODO: leave the process group here, so that it happens even after an error.
+        #       Read: torch.distributed.destroy_process_group in the torch docs.
+        raise NotImplementedError("fill in the TODO above")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Step 3 fixes that with DistributedDataParallel.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
@@ -29,7 +31,9 @@ from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate
 
 def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
     """This rank's shard of ``dataset``: 1/N of it, in an order that set_epoch reshuffles."""
-    # TODO: return a DistributedSampler over `dataset` for rank env.rank of env.world_size, shuffled with seed cfg.seed
+    # TODO: return a sampler that gives this process its own shuffled shard of `dataset`: it must know this
+    #       process's rank in the whole job and how many processes share the data, and shuffle with cfg.seed.
+    #       Read: section 1 above; torch.utils.data.distributed.DistributedSampler in the torch docs.
     raise NotImplementedError("fill in the TODO above")
 
 
@@ -59,7 +63,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
 
     best = BestModel()
     for epoch in range(cfg.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        # TODO: make this epoch's shuffle differ from the last one's (the same on every rank), so that the
+        #       loader below reads a new order. Read: section 2 above; DistributedSampler.set_epoch.
+        raise NotImplementedError("fill in the TODO above")
         bar = report.progress(epoch, len(train_loader))
         stats = train_epoch(model, train_loader, optimizer, env.device, bar)
         spread = replica_spread(model, env)  # every rank takes part in the all_gather
@@ -77,11 +83,23 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
 
 def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    env = distributed.setup(cfg.backend, cfg.timeout)
+    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
+    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    distributed.check_backend(backend, launch)  # one line, not a CUDA traceback, if this node lacks GPUs
+    device = torch.device("cuda", launch.local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # one GPU per process: the local rank picks it on this node
+    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
+    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
+    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
+                            timeout=timedelta(seconds=cfg.timeout))
+    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
+                  local_world_size=launch.local_world_size, device=device, backend=backend)
     try:
-        return train(cfg, env)
+        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            return train(cfg, env)
     finally:
-        distributed.teardown()
+        dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ no speed-up yet. Step 2 splits the data.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import RandomSampler
@@ -66,13 +68,25 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
 
 def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    env = distributed.setup(cfg.backend, cfg.timeout)  # join the group torchrun prepared
+    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
+    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    distributed.check_backend(backend, launch)  # one line, not a CUDA traceback, if this node lacks GPUs
+    device = torch.device("cuda", launch.local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # one GPU per process: the local rank picks it on this node
+    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
+    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
+    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
+                            timeout=timedelta(seconds=cfg.timeout))
+    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
+                  local_world_size=launch.local_world_size, device=device, backend=backend)
     try:
-        print(f"hello from {env.describe()}", flush=True)  # every rank speaks
-        check_all_reduce(env)
-        return train(cfg, env)
+        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
+            check_all_reduce(env)
+            return train(cfg, env)
     finally:
-        distributed.teardown()  # always leave the group, even after an error
+        dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":

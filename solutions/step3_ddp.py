@@ -14,6 +14,9 @@ rank dies, torchrun restarts the group and training resumes from it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -47,6 +50,13 @@ def wrap(model: torch.nn.Module, env: DistEnv) -> DDP:
     return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
 
 
+def mean_over_ranks(value: float, env: DistEnv) -> float:
+    """The mean of every rank's ``value``, returned on every rank."""
+    total = torch.tensor([value], dtype=torch.float64, device=env.device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.item() / env.world_size
+
+
 def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     torch.manual_seed(cfg.seed)
     splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
@@ -73,28 +83,43 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         bar = report.progress(epoch, len(train_loader))
         stats = train_epoch(model, train_loader, optimizer, env.device, bar)
+        stats = replace(stats, loss=mean_over_ranks(stats.loss, env))  # the log line: every rank's shard
         spread = replica_spread(model, env)  # every rank takes part in the all_gather
         if env.is_main:  # only rank 0 evaluates; the others wait at the next all-reduce
             dev_auc = evaluate(raw_model, dev_loader, env.device)
             best.update(epoch, dev_auc, raw_model)
             report.epoch(epoch, stats, dev_auc, bar, replica_spread=spread)
-        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # rank 0 writes OUT/snapshot.pt
+        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # every rank; rank 0 writes the file
 
     spread = replica_spread(model, env)  # again: a resumed run may have had no epoch left
+    heldout_auc = None
     if env.is_main:
         best.restore(raw_model)
         heldout_auc = evaluate(raw_model, make_eval_loader(splits.heldout), env.device)
-        return report.finish(best, heldout_auc, replica_spread=spread)
-    return None
+    if env.is_main:
+        torch.save(raw_model.state_dict(), cfg.out / "model.pt")
+    return report.finish(best, heldout_auc, replica_spread=spread) if env.is_main else None
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    env = distributed.setup(cfg.backend, cfg.timeout)
+    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
+    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    distributed.check_backend(backend, launch)  # one line, not a CUDA traceback, if this node lacks GPUs
+    device = torch.device("cuda", launch.local_rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # one GPU per process: the local rank picks it on this node
+    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
+    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
+    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
+                            timeout=timedelta(seconds=cfg.timeout))
+    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
+                  local_world_size=launch.local_world_size, device=device, backend=backend)
     try:
-        return train(cfg, env)
+        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            return train(cfg, env)
     finally:
-        distributed.teardown()
+        dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":

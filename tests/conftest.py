@@ -1,8 +1,17 @@
-"""Shared fixtures: tiny CSVs, and runners for the step scripts with hard timeouts."""
+"""Shared fixtures: tiny CSVs, runners for the step scripts with hard timeouts, and the `slow` marker.
+
+`slow` marks whatever starts processes (torchrun, forked ranks, notebooks): the
+quick loop is ``pytest -m "not slow"``. Tests say so with ``@pytest.mark.slow``;
+the hook below also marks every nbval notebook cell, and any test whose code
+calls one of the process starters, so a test that forgets the mark is still kept
+out of the quick loop.
+"""
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +69,32 @@ def small_csv(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("data") / "bbbp_layout.csv"
     df.to_csv(path, index=False)
     return path
+
+
+_STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_launch|Launch|nodes|reference_metrics|"
+                               r"subprocess\.\w+)\(")
+_PROCESS_FIXTURES = {"cluster"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    gpus = None
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            if gpus is None:
+                import torch
+
+                gpus = torch.cuda.device_count()
+            if not gpus:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none is visible"))
+        if item.get_closest_marker("slow"):
+            continue
+        if item.path.suffix == ".ipynb" or _PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+            continue
+        function = getattr(item, "function", None)
+        try:
+            source = inspect.getsource(function) if function is not None else ""
+        except (OSError, TypeError):
+            source = ""
+        if _STARTS_PROCESSES.search(source.split(":", 1)[-1]):  # the body, not the name
+            item.add_marker(pytest.mark.slow)

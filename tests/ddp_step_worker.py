@@ -8,8 +8,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workshop_lib import distributed
-from workshop_lib.data import SmilesTokenizer, TokenizedDataset
+from workshop_lib.data import TokenizedDataset
 from workshop_lib.model import SmilesLSTM
+from workshop_lib.tokenizer import SmilesTokenizer
 
 SMILES = ["CCO", "c1ccccc1Cl", "CC(=O)Oc1ccccc1C(=O)O", "N", "CCN(CC)CC", "O=C=O", "C1CCCCC1N", "BrCCBr"]
 LABELS = [1, 0, 1, 0, 1, 1, 0, 0]

@@ -1,8 +1,9 @@
-"""Helpers for the fault, multi-node and SLURM tests: free ports, live launches, process trees.
+"""Helpers for the fault, multi-node and SLURM tests: ports, live launches, process trees (through psutil).
 
 Not a test module: tests/test_faults.py, test_multinode.py and test_slurm.py
 import it. Every launch starts in its own session, so :func:`stop` can end the
-launcher and every worker it spawned, and nothing outlives a test.
+launcher and every worker it spawned, and nothing outlives a test. Tests wait
+for events (a line of output, a file), never for a guessed number of seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from workshop_lib.launch import free_port
+import psutil
 
 from .conftest import REPO, SOLUTIONS, cpu_env
 
@@ -30,15 +32,38 @@ RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-progress", 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
+def free_port() -> int:
+    """A port that was free a moment ago, for what must know its port before it starts (a second node, SLURM).
+
+    Where the program can bind port 0 itself and report it (torchrun --standalone,
+    notebook_launch), the tests let it.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def listening(port: int) -> bool:
-    """Does a local socket listen on ``port`` (read from /proc/net, without connecting to it)?"""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for row in Path(table).read_text().splitlines()[1:]:
-                local, state = row.split()[1], row.split()[3]
-                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                    return True
-    return False
+    """Does a local socket listen on ``port`` (without connecting to it)?"""
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               for c in psutil.net_connections("tcp"))
+
+
+def listening_port(pid: int) -> int | None:
+    """The TCP port ``pid`` listens on, if it listens on one (a store that bound port 0 and took a free one)."""
+    try:
+        ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return None
+    return ports.pop() if len(ports) == 1 else None
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` running? A zombie (exited, not yet reaped) is not: os.kill(pid, 0) would say it is."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class Launch:
@@ -81,25 +106,27 @@ class Launch:
         return rc
 
 
+def still_alive(pids, timeout: float) -> list[int]:
+    """The processes of ``pids`` still running (zombies count as gone) once they all ended or ``timeout`` passed."""
+    end = time.monotonic() + timeout
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
 def children(pid: int) -> list[int]:
-    """Direct children of ``pid``, from /proc (no psutil)."""
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the "(comm)" that may hold spaces
-            if ppid == pid:
-                kids.append(int(entry.name))
-    return kids
+    """Direct children of ``pid``."""
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def environ_of(pid: int) -> dict[str, str]:
-    with contextlib.suppress(OSError):
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-        return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-    return {}
+    try:
+        return psutil.Process(pid).environ()
+    except psutil.Error:
+        return {}
 
 
 def stop(launch: Launch, grace: float = 5.0) -> None:
@@ -116,9 +143,9 @@ def stop(launch: Launch, grace: float = 5.0) -> None:
 
 
 def torchrun(args: list, nproc: int = 2, port: int | None = None, launcher: tuple = ()) -> Launch:
-    """torchrun's plain static rendezvous on 127.0.0.1 and a free port (as the README's command)."""
-    port = port or free_port()
-    return Launch([*TORCHRUN, f"--nproc_per_node={nproc}", f"--master-port={port}", *launcher, *args])
+    """torchrun on this machine: --standalone (its store binds a free port itself), or the static rendezvous on ``port``."""
+    where = [f"--master-port={port}"] if port else ["--standalone"]
+    return Launch([*TORCHRUN, f"--nproc_per_node={nproc}", *where, *launcher, *args])
 
 
 def same_results(a: dict, b: dict) -> None:

@@ -112,3 +112,16 @@ def test_rank_rss_records_every_rank_of_a_real_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = bench.collect(tmp_path / "out", rss)
     assert len(run["rss_mb_per_rank"]) == 2 and min(run["rss_mb_per_rank"]) > 50  # both ranks, torch loaded
+
+
+def test_every_job_and_repeat_gets_its_own_out_directory(tmp_path, monkeypatch):
+    """Scaling jobs at two global batches share a name ("1x1"); a shared --out would resume or refuse."""
+    dirs: list = []
+    monkeypatch.setattr(bench, "run_once", lambda job, work, timeout: dirs.append(work) or {"wall_seconds": 0.0})
+    monkeypatch.setattr(bench, "write_results", lambda *a, **k: None)
+    (tmp_path / "results.md").write_text("")
+    jobs = [bench.Job("scaling", "1x1", "B3DB (shipped)", ["x"], threads=1, repeats=2, procs=1, global_batch=g)
+            for g in (128, 256)]
+    args = type("Args", (), {"timeout": 1.0, "results": tmp_path})()
+    bench.run_jobs(jobs, args, {}, "cmd")
+    assert len(dirs) == 4 and len(set(dirs)) == 4

@@ -33,6 +33,16 @@ def test_solution_drops_the_hint_and_the_markers():
     assert build.solution_source(CELL) == "def f(x):\n    y = x + 1\n    y = 2 * y\n    return y"
 
 
+def test_a_hint_may_run_over_several_comment_lines():
+    cell = ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n    ### BEGIN SOLUTION\n    x = 2 * x\n"
+            "    ### END SOLUTION\n    return x")
+    assert build.solution_source(cell) == "def f(x):\n    x = 2 * x\n    return x"
+    assert build.exercise_source(cell) == ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n"
+                                           '    raise NotImplementedError("fill in the TODO above")\n    return x')
+    with pytest.raises(WorkshopError, match=r"needs a '# TODO: \.\.\.' hint just above"):
+        build.solution_source("# a comment, not a hint\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n")
+
+
 def test_exercise_keeps_the_hint_and_raises_at_its_indent():
     ex = build.exercise_source(CELL)
     assert ex == ('def f(x):\n    y = x + 1\n    # TODO: double y\n'
@@ -158,3 +168,13 @@ def test_exercises_are_not_collected_by_pytest():
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "exercises/" not in proc.stdout
     assert "notebooks/00_baseline.ipynb" in proc.stdout
+
+
+def test_exercise_header_asks_for_todos_only_where_there_are_some():
+    with_todo = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "def f():\n    # TODO: return one\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")])
+    without = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    header = {name: build.exercise_notebook(nb, "notebooks/x.ipynb").cells[0].source
+              for name, nb in (("todo", with_todo), ("none", without))}
+    assert "Fill in each `# TODO`" in header["todo"]
+    assert "TODO" not in header["none"] and "nothing to fill in" in header["none"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from workshop_lib import checkpoint
+from workshop_lib import checkpoint, distributed
 from workshop_lib.cli import run_cli
 
 from .test_errors import load_step
@@ -44,12 +44,15 @@ def fail(step3, capsys, *args) -> str:
 def test_snapshot_holds_everything_and_loads_weights_only(step3, tmp_path):
     train(step3, tmp_path, "--epochs", "2")
     snap = torch.load(tmp_path / checkpoint.SNAPSHOT, weights_only=True)
-    assert snap["epoch"] == 1 and snap["sampler_epoch"] == 1 and snap["world_size"] == 1
-    assert {"model", "optimizer", "best", "report", "rng"} <= snap.keys()
+    assert snap["epoch"] == 1 and snap["sampler_epoch"] == 1 and snap["world_size"] == 1 and snap["epochs"] == 2
+    assert {"model", "optimizer", "best", "report", "fingerprint"} <= snap.keys()
+    assert "rng" not in snap  # one RNG mechanism: seed_epoch, nothing restored from the file
     assert snap["optimizer"]["state"], "the optimizer's moments are saved"
     assert snap["best"]["epoch"] in (0, 1) and snap["best"]["state"].keys() == snap["model"].keys()
     assert [h["epoch"] for h in snap["report"]["history"]] == [0, 1]
-    assert set(snap["rng"][0]) >= {"torch", "numpy", "python"}
+    fp = snap["fingerprint"]
+    assert fp["lr"] == 8e-3 and fp["limit"] == 300 and len(fp["data_sha256"]) == 64
+    assert not {"out", "epochs", "timeout", "progress", "tensorboard", "resume", "fresh", "backend"} & fp.keys()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snapshot")]  # no temporary file left
 
 
@@ -118,7 +121,7 @@ def test_resume_from_a_missing_file(step3, tmp_path, capsys):
 def test_another_model_size_is_refused(step3, tmp_path, capsys):
     train(step3, tmp_path, "--epochs", "1", "--hidden", "16")
     err = fail(step3, capsys, "--epochs", "2", "--out", str(tmp_path))
-    assert "does not fit this run: it has hidden=16 (now 32)" in err
+    assert "belongs to another run (hidden 16 there, 32 now)" in err
 
 
 @pytest.mark.timeout(120)
@@ -145,7 +148,7 @@ def test_a_failed_write_keeps_the_previous_snapshot(step3, tmp_path, monkeypatch
     with pytest.raises(OSError, match="disk full"):
         train(step3, tmp_path, "--epochs", "2")
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", checkpoint.SNAPSHOT]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model.pt", checkpoint.SNAPSHOT]
 
 
 def test_seed_epoch_depends_on_seed_epoch_and_rank_only():
@@ -160,14 +163,90 @@ def test_seed_epoch_depends_on_seed_epoch_and_rank_only():
 
 
 @pytest.mark.timeout(120)
-def test_rerunning_a_finished_run_starts_afresh_and_more_epochs_continue_it(step3, tmp_path, capsys):
+@pytest.mark.parametrize("old_run", ["interrupted", "finished"])
+def test_another_learning_rate_never_resumes_the_old_run(step3, tmp_path, capsys, old_run):
+    """Ctrl-C after epoch 1 of 3, or a finished 1-epoch run, then a rerun with --lr 1e-3: one line, both alike."""
+    train(step3, tmp_path, "--epochs", "1")
+    epochs = "3" if old_run == "interrupted" else "1"
+    err = fail(step3, capsys, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
+    assert err == (f"error: snapshot {tmp_path / checkpoint.SNAPSHOT} belongs to another run (lr 0.008 there, "
+                   f"0.001 now); rerun with its settings to resume it, or start a new run with --out elsewhere, "
+                   f"or --fresh to replace it\n")
+    fresh = train(step3, tmp_path, "--epochs", epochs, "--lr", "1e-3", "--fresh")
+    assert "starting afresh" in capsys.readouterr().out
+    assert fresh["config"]["lr"] == 1e-3 and len(fresh["history"]) == int(epochs)
+    assert torch.load(tmp_path / checkpoint.SNAPSHOT, weights_only=True)["fingerprint"]["lr"] == 1e-3
+
+
+@pytest.mark.timeout(120)
+def test_another_data_file_with_the_same_vocabulary_never_resumes(step3, tmp_path, capsys, small_csv):
+    data = tmp_path / "data.csv"
+    data.write_text(small_csv.read_text())
+    train(step3, tmp_path / "out", "--epochs", "1", "--data", str(data))
+    lines = data.read_text().splitlines()
+    num, name, label, smiles = lines[1].split(",", 3)
+    lines[1] = ",".join([num, name, str(1 - int(label)), smiles])  # one label flipped: same molecules, same tokens
+    data.write_text("\n".join(lines) + "\n")
+    err = fail(step3, capsys, "--epochs", "2", "--data", str(data), "--out", str(tmp_path / "out"))
+    assert "belongs to another run (the data file's content)" in err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("crash", ["heldout evaluation", "metrics write"])
+def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step3, tmp_path, capsys, monkeypatch, crash):
+    straight = train(step3, tmp_path / "straight", "--epochs", "2")
+    capsys.readouterr()
+    if crash == "metrics write":
+        target, name = __import__("workshop_lib.report", fromlist=["report"]), "write_metrics"
+    else:
+        target, name = step3, "evaluate"
+    real, calls = getattr(target, name), []
+
+    def crashing(*args, **kwargs):
+        calls.append(1)
+        if crash == "metrics write" or len(calls) == 3:  # 2 dev evaluations, then the heldout one
+            raise OSError(f"crash during the {crash}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, crashing)
+    with pytest.raises(OSError, match="crash during"):
+        train(step3, tmp_path / "a", "--epochs", "2")
+    monkeypatch.setattr(target, name, real)
+    assert not (tmp_path / "a" / "metrics.json").exists()
+    capsys.readouterr()
+    again = train(step3, tmp_path / "a", "--epochs", "2")
+    out = capsys.readouterr().out
+    assert "epoch 2/2 was done; all epochs are trained, but the final evaluation did not finish: running it" in out
+    assert "train loss" not in out  # no epoch trained again
+    assert again["history"] == [{**h, "seconds": a["seconds"], "samples_per_second": a["samples_per_second"]}
+                                for h, a in zip(straight["history"], again["history"], strict=True)]
+    assert (again["best_epoch"], again["heldout_roc_auc"]) == (straight["best_epoch"], straight["heldout_roc_auc"])
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step3, tmp_path, capsys):
     first = train(step3, tmp_path, "--epochs", "1")
     again = train(step3, tmp_path, "--epochs", "1")
     out = capsys.readouterr().out
-    assert "holds a finished 1-epoch run: starting afresh" in out and "resuming from" not in out
-    learned = [(h["train_loss"], h["dev_roc_auc"]) for h in first["history"]]
-    assert [(h["train_loss"], h["dev_roc_auc"]) for h in again["history"]] == learned  # trained again, same seed
-    assert again["heldout_roc_auc"] == first["heldout_roc_auc"]
+    assert "epoch 1/1 was done; the run had finished (metrics.json): evaluating it again, nothing to train" in out
+    assert "train loss" not in out.split("resuming from")[1]
+    assert again["history"] == first["history"] and again["heldout_roc_auc"] == first["heldout_roc_auc"]
     longer = train(step3, tmp_path, "--epochs", "2")
     assert "resuming from" in capsys.readouterr().out
-    assert longer["history"][0] == again["history"][0] and len(longer["history"]) == 2  # epoch 1 kept, 2 added
+    assert longer["history"][0] == first["history"][0] and len(longer["history"]) == 2  # epoch 1 kept, 2 added
+    err = fail(step3, capsys, "--epochs", "1", "--out", str(tmp_path))
+    assert "has 2 epochs trained, more than --epochs 1; pass --epochs 2 or more" in err
+
+
+def test_fresh_and_resume_together_are_refused(step3, capsys, tmp_path):
+    err = fail(step3, capsys, "--fresh", "--resume", str(tmp_path / "x.pt"), "--out", str(tmp_path / "out"))
+    assert "--fresh and --resume contradict each other" in err
+
+
+@pytest.mark.timeout(120)
+def test_fresh_does_not_throw_away_its_own_snapshot_after_a_torchrun_restart(step3, tmp_path, capsys, monkeypatch):
+    """torchrun --max-restarts reruns the same argv, --fresh included: round 2 must resume round 1's snapshot."""
+    train(step3, tmp_path, "--epochs", "1", "--lr", "1e-3", "--fresh")
+    monkeypatch.setattr(checkpoint, "read_launch_env", lambda: distributed.LaunchEnv(restart_count=1))
+    resumed = train(step3, tmp_path, "--epochs", "2", "--lr", "1e-3", "--fresh")
+    assert "resuming from" in capsys.readouterr().out and len(resumed["history"]) == 2

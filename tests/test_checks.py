@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
+
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import checks
+from workshop_lib import checks, checks_ddp, checks_group
 from workshop_lib.train import BestModel
+
+from .conftest import REPO
 
 # ------------------------------------------------------------------ shards (in-process)
 
@@ -42,20 +47,31 @@ def indices_no_epoch(sampler, epoch):
     return list(sampler)
 
 
+def sampler_local_rank(dataset, cfg, env):
+    return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.local_rank, shuffle=True, seed=cfg.seed)
+
+
+def sampler_from_the_group(dataset, cfg, env):
+    return DistributedSampler(dataset, shuffle=True, seed=cfg.seed)
+
+
 def test_shards_pass_and_report_padding(capsys):
     checks.shards(sampler_ok, indices_ok, n=11)
-    assert "2 ranks x 6 items: disjoint shards covering all 11 (1 padded duplicate)" in capsys.readouterr().out
+    assert "4 ranks (2 a node) x 3 items: disjoint shards covering all 11 (1 padded duplicate)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("make", "indices", "message"), [
     (sampler_no_rank, indices_ok, "rank 1 got the same indices as rank 0: pass rank=env.rank"),
-    (sampler_no_replicas, indices_ok, "rank 0 got 11 of 11 items, expected 6"),
+    (sampler_local_rank, indices_ok, "rank 2 (local rank 0) got the same indices as rank 0: pass the global rank"),
+    (sampler_from_the_group, indices_ok, "make_sampler looked for a process group, and there is none here (torch: "
+                                         "Default process group has not been initialized)"),
+    (sampler_no_replicas, indices_ok, "rank 0 got 11 of 11 items, expected 3"),
     (sampler_no_shuffle, indices_ok, "pass shuffle=True"),
     (sampler_ok, indices_no_epoch, "the order is the same in epoch 0 and 1: call sampler.set_epoch"),
     (sampler_todo, indices_ok, "make_sampler still raises NotImplementedError"),
 ])
 def test_shards_name_the_mistake(make, indices, message):
-    with pytest.raises(checks.CheckFailed, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
         checks.shards(make, indices, n=11)
 
 
@@ -114,10 +130,110 @@ def test_all_reduce_on_one_rank_only_is_a_hang_explained():
         checks.all_reduce(reduce_only_rank0, timeout=8)
 
 
-# ------------------------------------------------------------------ DDP (2 forked ranks)
+# --------------------------------------------- the step scripts' functions, with a mistake put in
+
+def _solution(step: str, *edits: tuple[str, str]):
+    """solutions/<step>.py, each ``(old, new)`` replaced once, loaded as a module (its main does not run)."""
+    path = REPO / "solutions" / f"{step}.py"
+    text = path.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} is not in {path.name} exactly once: update the mistake"
+        text = text.replace(old, new)
+    name = f"mutated_{step}_{abs(hash(edits))}"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__file__ = str(path)
+    exec(compile(text, str(path), "exec"), module.__dict__)
+    return module
+
+
+# ------------------------------------------------------------------ 01: main (in-process, faked)
+
+def test_process_group_passes(capsys):
+    checks_group.process_group(_solution("step1_process_group").main)
+    assert "joined as rank 3 of 4; left the group even when the training raised" in capsys.readouterr().out
+
+
+def test_process_group_of_the_unfilled_exercise_asks_for_the_todos():
+    path = REPO / "exercises" / "step1_process_group.py"
+    spec = importlib.util.spec_from_file_location("exercise_step1", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(checks.CheckFailed, match="main still raises NotImplementedError: fill in its TODOs"):
+        checks_group.process_group(module.main)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("rank=launch.rank,", "rank=launch.local_rank,"), "main joined with rank=1, its local rank"),
+    (('torch.device("cuda", launch.local_rank)', 'torch.device("cuda", launch.rank)'),
+     "main called torch.cuda.set_device with [3]: the global rank: make cuda:LOCAL_RANK this process's device"),
+    (("torch.cuda.set_device(device)", "torch.cuda.set_device(launch.rank)"),
+     "called torch.cuda.set_device with [3]: the global rank"),
+    (('cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")', '"gloo"'),
+     "on a node with 2 GPUs main joined with backend 'gloo': use 'nccl'"),
+    (("    if device.type == \"cuda\":\n        torch.cuda.set_device(device)", "    torch.cuda.set_device(device)"),
+     "on a machine without GPUs main picked cpu and called torch.cuda.set_device 1 time(s)"),
+    (("    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,\n"
+      "                            timeout=timedelta(seconds=cfg.timeout))\n", ""),
+     "main never called dist.init_process_group"),
+    (("    finally:\n        dist.destroy_process_group()", "    finally:\n        pass\n    dist.destroy_process_group()"),
+     "when the training raised, main called dist.destroy_process_group 0 time(s)"),
+])
+def test_process_group_names_the_mistake(edit, message):
+    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+        checks_group.process_group(_solution("step1_process_group", edit).main)
+
+
+# ------------------------------------------------------ 02 and 03: train on 2 forked ranks
+
+SET_EPOCH = "        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("edits", "message"), [
+    ((), None),
+    (((SET_EPOCH, ""),), "sampler.set_epoch is never called"),
+    (((SET_EPOCH, ""), ("        stats = train_epoch(model, train_loader, optimizer, env.device, bar)\n",
+                        "        stats = train_epoch(model, train_loader, optimizer, env.device, bar)\n" + SET_EPOCH)),
+     "in epoch 2 the loader read the sampler while it was still set to epoch 0"),
+    ((("rank=env.rank, shuffle", "rank=env.local_rank, shuffle"),), "ranks 0 and 1 all read shard 0"),
+])
+def test_epoch_loop(edits, message, capsys):
+    train = _solution("step2_sampler", *edits).train
+    if message is None:
+        checks.epoch_loop(train)
+        assert "the sampler was read in epochs [0, 1], each after its set_epoch" in capsys.readouterr().out
+    else:
+        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+            checks.epoch_loop(train)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("edits", "message"), [
+    ((), None),
+    ((("        if env.is_main:  # only rank 0 evaluates", "        if True:  #"),), "rank 1 evaluated too"),
+    ((("    if env.is_main:\n        torch.save(", "    if env.local_rank == 0:\n        torch.save("),),
+     "ranks 0 and 1 all saved model.pt"),
+    ((("dev_auc = evaluate(raw_model,", "dev_auc = evaluate(model,"),), "rank 0 evaluated the DDP wrapper"),
+    ((("torch.save(raw_model.state_dict()", "torch.save(model.state_dict()"),), "their keys start with 'module.'"),
+    ((("return total.item() / env.world_size", "return total.item()"),), "mean_over_ranks returned the sum"),
+])
+def test_rank0_duties(edits, message, capsys):
+    train = _solution("step3_ddp", *edits).train
+    if message is None:
+        checks_ddp.rank0_duties(train)
+        assert "only global rank 0 evaluated and saved" in capsys.readouterr().out
+    else:
+        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+            checks_ddp.rank0_duties(train)
+
+
+# ------------------------------------------------------------------ 03: DDP (2 forked ranks)
 
 def wrap_ok(model, env):
-    return DDP(model)
+    return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
 
 
 def wrap_nothing(model, env):
@@ -128,20 +244,100 @@ def wrap_todo(model, env):
     raise NotImplementedError
 
 
+def wrap_always_ids(model, env):
+    return DDP(model, device_ids=[env.local_rank])
+
+
+def wrap_global_rank(model, env):
+    return DDP(model, device_ids=[env.rank] if env.device.type == "cuda" else None)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_wrap_passes(capsys):
-    checks.ddp_wrap(wrap_ok)
+    checks_ddp.ddp_wrap(wrap_ok)
     assert "DDP made them equal" in capsys.readouterr().out
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fn", "message"), [
-    (wrap_nothing, "wrap returned a SmilesLSTM, not a DistributedDataParallel"),
+    (wrap_nothing, "wrap did not return DistributedDataParallel around the model"),
     (wrap_todo, "wrap still raises NotImplementedError"),
+    (wrap_always_ids, "wrap gave device_ids=[1] for a CPU model"),
+    (wrap_global_rank, "as rank 3 of 4 (local rank 1) on a GPU, wrap gave device_ids=[3], the global rank"),
 ])
 def test_ddp_wrap_names_the_mistake(fn, message):
-    with pytest.raises(checks.CheckFailed, match=message):
-        checks.ddp_wrap(fn)
+    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+        checks_ddp.ddp_wrap(fn)
+
+
+def mean_ok(value, env):
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.item() / env.world_size
+
+
+def mean_summed(value, env):
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return total.item()
+
+
+def mean_max(value, env):
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return total.item() / env.world_size
+
+
+def mean_todo(value, env):
+    raise NotImplementedError("fill in the TODO above")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fn", "message"), [
+    (mean_ok, None),
+    (mean_todo, "mean_over_ranks still raises NotImplementedError"),
+    (mean_summed, "mean_over_ranks returned the sum 4, not the mean 2: divide the all-reduced sum by the world size"),
+    (mean_max, "mean_over_ranks all-reduced with op=MAX: rank 0 got 1.5 instead of the mean 2"),
+])
+def test_mean_over_ranks(fn, message, capsys):
+    if message is None:
+        checks_ddp.mean_over_ranks(fn)
+        assert "ranks holding 1 and 3 both got 2, the mean" in capsys.readouterr().out
+    else:
+        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+            checks_ddp.mean_over_ranks(fn)
+
+
+def by_hand_ok(model, env):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= env.world_size
+
+
+def by_hand_summed(model, env):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def by_hand_nothing(model, env):
+    pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fn", "message"), [
+    (by_hand_ok, None),
+    (by_hand_summed, "rank 0's gradients are the sum over the ranks, not the mean"),
+    (by_hand_nothing, "rank 0's gradients are its own batch's alone: all-reduce every p.grad"),
+])
+def test_average_gradients(fn, message, capsys):
+    if message is None:
+        checks_ddp.average_gradients(fn)
+        assert "the weights match DDP's on all 2 ranks" in capsys.readouterr().out
+    else:
+        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+            checks_ddp.average_gradients(fn)
 
 
 # ------------------------------------------------------------ train loop (in-process)

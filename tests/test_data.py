@@ -7,15 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from workshop_lib.data import (
-    SmilesTokenizer,
-    TokenizedDataset,
-    load_splits,
-    load_table,
-    pad_collate,
-    stratified_split,
-)
+from workshop_lib.data import TokenizedDataset, load_splits, load_table, pad_collate
 from workshop_lib.errors import WorkshopError
+from workshop_lib.split import stratified_split
+from workshop_lib.tokenizer import SmilesTokenizer
 
 from .conftest import SHIPPED
 
@@ -125,3 +120,19 @@ def test_load_splits_on_shipped_data():
     assert (len(splits.train), len(splits.dev), len(splits.heldout)) == (5620, 1406, 781)
     assert splits.train.tokens.dtype == torch.int64
     assert int(splits.train.lengths.max()) == splits.train.tokens.shape[1]
+
+
+def test_a_blank_smiles_is_an_error_naming_its_row(tmp_path):
+    path = tmp_path / "blank.csv"
+    path.write_text("name,p_np,smiles\na,1,CCO\nb,0,   \nc,1,CCN\n")
+    with pytest.raises(WorkshopError, match=r"SMILES column 'smiles' in .* is blank in row 3; fill in"):
+        load_table(path)
+
+
+def test_the_vocabulary_does_not_depend_on_limit():
+    """Fitted on the whole table: a quick --limit run builds the same model as a full one."""
+    full, quick = load_splits(SHIPPED), load_splits(SHIPPED, limit=200)
+    assert quick.tokenizer.itos == full.tokenizer.itos
+    assert len(quick.train) + len(quick.dev) + len(quick.heldout) == 200
+    fitted_on_subset = SmilesTokenizer.fit(load_table(SHIPPED, limit=200).smiles)
+    assert len(fitted_on_subset) < len(full.tokenizer)  # what --limit used to change

@@ -19,6 +19,7 @@ CASES = {
     "labels not 0/1": (["--data", "{tmp}/data.csv"], "p_np,smiles\n1,CCO\n3,CCN\n", "only 0 and 1"),
     "single class": (["--data", "{tmp}/data.csv"], "p_np,smiles\n1,CCO\n1,CCN\n", "single class"),
     "unknown character": (["--data", "{tmp}/data.csv"], "p_np,smiles\n1,CCO\n0,CC&N\n", "character the tokenizer"),
+    "blank smiles": (["--data", "{tmp}/data.csv"], "p_np,smiles\n1,CCO\n0,   \n1,CCN\n", "is blank in row 3"),
     "limit too large": (["--limit", "100000"], None, "--limit 100000 is larger"),
     "limit too small to split": (["--limit", "5"], None, "cannot split 5 molecules"),
     "bad dropout": (["--dropout", "1.5"], None, "--dropout must be in [0, 1)"),
@@ -48,6 +49,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("args", "message"), [
     (["--epocs", "3"], "error: unrecognized arguments: --epocs 3 (see step3_ddp.py --help)"),

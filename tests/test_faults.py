@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
-import time
 from datetime import timedelta
 
 import pytest
@@ -19,50 +17,81 @@ from workshop_lib.data import check_shardable
 from workshop_lib.errors import WorkshopError
 
 from .conftest import REPO, run_python, run_torchrun
-from .reliability import RUN, STEP3, children, environ_of, reference_metrics, same_results, stop, torchrun
+from .reliability import RUN, STEP3, children, environ_of, reference_metrics, same_results, still_alive, stop, torchrun
 
 
+def _workers(run) -> dict[str, int]:
+    """{RANK: pid} of torchrun's worker processes."""
+    return {environ_of(pid).get("RANK"): pid for pid in children(run.proc.pid)}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(280)
-def test_sigkill_mid_epoch_2_restarts_and_matches_an_uninterrupted_run(tmp_path):
-    """torchrun --max-restarts=1 restarts the group; it resumes from the epoch-1 snapshot, losing nothing."""
+def test_sigkill_in_epoch_2_restarts_and_matches_an_uninterrupted_run(tmp_path):
+    """torchrun --max-restarts=1 restarts the group; it resumes from the last snapshot, losing nothing."""
     run = torchrun(["--max-restarts=1", STEP3, *RUN, "--out", tmp_path])
     try:
-        # After epoch 1's line and its snapshot, a fraction into epoch 2: kill rank 1 as hard as possible.
-        assert run.wait_for(lambda: "epoch 1/4" in run.output and (tmp_path / "snapshot.pt").exists(), 120), \
-            run.output[-3000:]
-        epoch_seconds = float(re.search(r"epoch 1/4 .*  ([0-9.]+)s  ", run.output).group(1))
-        time.sleep(0.2 * epoch_seconds)  # epoch 2 has begun (the snapshot is written right before it)
-        workers = {environ_of(pid).get("RANK"): pid for pid in children(run.proc.pid)}
+        # Rank 0 writes epoch 1's snapshot and goes straight on to epoch 2: that file is the signal.
+        assert run.wait_for(lambda: (tmp_path / "snapshot.pt").exists(), 120), run.output[-3000:]
+        workers = _workers(run)
         assert set(workers) >= {"0", "1"}, (workers, run.output[-3000:])
-        assert "epoch 2/4" not in run.output, "epoch 2 ended before the kill; make the epochs longer"
         os.kill(workers["1"], signal.SIGKILL)
         rc = run.wait(timeout=150)
     finally:
         stop(run)
     assert rc == 0, run.output[-3000:]
-    assert "resuming from" in run.output and "epoch 2/4 was done" not in run.output, run.output[-3000:]
-    assert run.output.count("epoch 1/4  train loss") == 1  # epoch 1 was not trained twice
+    assert "resuming from" in run.output, run.output[-3000:]
+    for epoch in range(1, 5):  # each epoch trained (and printed) exactly once, before the kill or after it
+        assert run.output.count(f"epoch {epoch}/4  train loss") == 1, run.output[-3000:]
     same_results(json.loads((tmp_path / "metrics.json").read_text()), reference_metrics())
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(280)
+def test_ctrl_c_stops_every_rank_keeps_the_snapshot_and_the_same_command_resumes(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to torchrun's process group) in epoch 2; then the same command again."""
+    run = torchrun([STEP3, *RUN, "--out", tmp_path])
+    try:
+        assert run.wait_for(lambda: (tmp_path / "snapshot.pt").exists(), 120), run.output[-3000:]
+        workers = _workers(run)
+        os.killpg(run.proc.pid, signal.SIGINT)
+        rc = run.wait(timeout=60)  # torchrun passes SIGINT on to its workers; it would SIGKILL them only after 30 s
+        assert still_alive(workers.values(), timeout=10) == []
+    finally:
+        stop(run)
+    assert rc != 0 and run.output.count("interrupted") == 2, run.output[-3000:]  # each rank ended by the interrupt
+    assert "SIGKILL" not in run.output, run.output[-3000:]
+    snap = torch.load(tmp_path / "snapshot.pt", weights_only=True)  # whole, and loads
+    assert (f"interrupted: {tmp_path / 'snapshot.pt'} holds epoch {snap['epoch'] + 1}/4; run the same command "
+            "again to resume") in run.output, run.output[-3000:]  # rank 0, the one that wrote it, says how to go on
+    again = torchrun([STEP3, *RUN, "--out", tmp_path])
+    try:
+        assert again.wait(timeout=150) == 0, again.output[-3000:]
+    finally:
+        stop(again)
+    assert f"resuming from {tmp_path / 'snapshot.pt'}: epoch {snap['epoch'] + 1}/4 was done" in again.output
+    same_results(json.loads((tmp_path / "metrics.json").read_text()), reference_metrics())
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_dying_rank_is_named_and_the_others_exit_at_once():
     """Rank 1 os._exit()s while rank 0 waits in all_reduce: torchrun names rank 1 and stops rank 0."""
-    timeout = 20
+    timeout = 60
     run = torchrun([REPO / "tests" / "fault_worker.py", "exit", timeout])
     try:
         assert run.wait_for(lambda: "rank 1 fails now" in run.output, 90), run.output[-3000:]
-        failed_at = time.monotonic()
         rc = run.wait(timeout=timeout + 30)
-        took = time.monotonic() - failed_at
     finally:
         stop(run)
-    assert rc != 0 and took < timeout, (took, run.output[-3000:])
+    assert rc != 0, run.output[-3000:]
+    assert "lost contact" not in run.output  # rank 0 was stopped by torchrun, not by its own timeout
     # The survivor waits a moment before it exits, so torchrun blames the rank that failed first.
     root_cause = run.output.split("Root Cause (first observed failure):", 1)[1].split("=====")[0]
     assert "rank      : 1 (local_rank: 1)" in root_cause and "exitcode  : 3" in root_cause, run.output[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_hanging_rank_stops_the_others_after_the_timeout():
     """Rank 1 stays alive but never joins the next all_reduce: rank 0 gives up after --timeout seconds."""
@@ -70,16 +99,15 @@ def test_a_hanging_rank_stops_the_others_after_the_timeout():
     run = torchrun([REPO / "tests" / "fault_worker.py", "hang", timeout])
     try:
         assert run.wait_for(lambda: "rank 1 fails now" in run.output, 90), run.output[-3000:]
-        failed_at = time.monotonic()
-        rc = run.wait(timeout=60)
-        took = time.monotonic() - failed_at
+        rc = run.wait(timeout=90)
     finally:
         stop(run)
-    assert rc != 0 and timeout <= took < timeout + 15, (took, run.output[-3000:])
+    assert rc != 0, run.output[-3000:]
     assert "[rank 0] error: lost contact with the other ranks (" in run.output
     assert f"(no answer within --timeout {timeout}s); look for its own message\n" in run.output
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 @pytest.mark.timeout(120)
 def test_nccl_without_gpus_under_torchrun(tmp_path):
@@ -94,6 +122,7 @@ def test_nccl_without_gpus_under_torchrun(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_master_port_in_use(tmp_path):
     """torchrun's own agent fails (its traceback ends in EADDRINUSE); a rank hosting the store says it in one line."""
@@ -135,11 +164,11 @@ def test_more_processes_than_gpus_is_refused_on_every_rank(monkeypatch, local_ra
 
 
 def test_more_processes_than_cpu_cores_warns_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 2)
     threads = torch.get_num_threads()
     try:
-        distributed._set_threads(_launch_env(world_size=3, local_world_size=3, omp_threads=1), torch.device("cpu"))
-        distributed._set_threads(_launch_env(world_size=2, local_world_size=2, omp_threads=1), torch.device("cpu"))
+        distributed.set_threads(_launch_env(world_size=3, local_world_size=3, omp_threads=1), torch.device("cpu"))
+        distributed.set_threads(_launch_env(world_size=2, local_world_size=2, omp_threads=1), torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
     assert capsys.readouterr().err == ("warning: --nproc_per_node=3 is more than the 2 CPU cores: ranks will share "

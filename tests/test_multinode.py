@@ -4,29 +4,29 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 
 from workshop_lib.distributed import read_launch_env
 
 from .conftest import REPO
-from .reliability import RUN, STEP3, TORCHRUN, Launch, free_port, listening, reference_metrics, same_results, stop
+from .reliability import RUN, STEP3, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
 
 
 def nodes(args: list, run_id: str, head_args: tuple = (), other_args: tuple = ()) -> list[Launch]:
     """What each node of a cluster runs, here twice on localhost (the agents find each other by run_id).
 
-    The first node starts alone until it hosts the rendezvous store, as the head node of a cluster would.
+    The first node starts alone until it hosts the rendezvous store, as the head node of a cluster would;
+    its store binds port 0, and the second node is given the port it took.
     """
-    port = free_port()
-    launcher = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}"]
-    head = Launch([*launcher, *args, *head_args])
-    head.wait_for(lambda: listening(port), 60)
-    return [head, Launch([*launcher, *args, *other_args])]
+    launcher = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-id={run_id}"]
+    head = Launch([*launcher, "--rdzv-endpoint=127.0.0.1:0", *args, *head_args])
+    assert head.wait_for(lambda: listening_port(head.proc.pid) is not None, 60), head.output[-3000:]
+    port = listening_port(head.proc.pid)
+    return [head, Launch([*launcher, f"--rdzv-endpoint=127.0.0.1:{port}", *args, *other_args])]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_nodes_train_like_one_node_with_two_processes(tmp_path):
     launches = nodes([STEP3, *RUN, "--out", tmp_path], "workshop-multinode")
@@ -43,23 +43,23 @@ def test_two_nodes_train_like_one_node_with_two_processes(tmp_path):
     same_results(metrics, reference_metrics())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_failing_on_the_other_node_is_named_and_the_rest_exit_in_time():
     """No shared agent to kill the survivor: it must notice by itself and say which rank failed."""
-    timeout = 20
+    timeout = 60
     # The rank on the second node fails; the first node, which hosts the rendezvous store, survives it.
     launches = nodes([REPO / "tests" / "fault_worker.py", "raise", timeout], "workshop-multinode-fault",
                      head_args=("survive",), other_args=("fail",))
     try:
         assert launches[0].wait_for(lambda: "fails now" in launches[1].output, 90), launches[1].output[-3000:]
-        failed_at = time.monotonic()
         codes = [launch.wait(timeout=timeout + 30) for launch in launches]
-        took = time.monotonic() - failed_at
     finally:
         for launch in launches:
             stop(launch)
     output = "\n".join(launch.output for launch in launches)
-    assert all(code != 0 for code in codes) and took < timeout, (took, output[-3000:])
+    assert all(code != 0 for code in codes), output[-3000:]
+    assert "lost contact" not in output  # the survivor learnt of the failure from the store, not by timing out
     failed = re.search(r"rank (\d) fails now", launches[1].output).group(1)
     survivor = 1 - int(failed)
     assert (f"[rank {survivor}] error: rank {failed} failed (RuntimeError: rank {failed} raised on purpose); "

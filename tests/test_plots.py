@@ -146,3 +146,33 @@ def test_speedup_plot_reads_real_metrics_files(tmp_path, capsys):
     metrics = [json.loads((r / "metrics.json").read_text()) for r in runs]
     ax = plots.speedup_plot(metrics).axes[0]
     assert list(ax.get_lines()[1].get_ydata()) == pytest.approx([200.0, 400.0])  # 100 samples x world size / 0.5 s
+
+
+def test_optimizer_steps_counts_each_ranks_batches_with_a_short_last_one(tmp_path):
+    # 2 ranks, 100 molecules each per epoch (metrics.json counts 200), batches of 64: 2 steps per epoch
+    out = fake_run(tmp_path / "run", [0.7, 0.6, 0.5], [0.6, 0.7, 0.8], world_size=2)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert plots.optimizer_steps(metrics) == [2, 4, 6]
+    metrics["batch_size_per_process"] = 100
+    assert plots.optimizer_steps(metrics) == [1, 2, 3]
+
+
+def test_step_comparison_draws_auc_per_epoch_and_per_step_and_the_spread(tmp_path):
+    one = fake_run(tmp_path / "one", [0.7, 0.5], [0.6, 0.7], world_size=2)
+    ddp = fake_run(tmp_path / "ddp", [0.7, 0.5], [0.62, 0.72], world_size=2)
+    for out, spreads in ((one, None), (ddp, [0.0, 0.0])):  # step 1 records no spread, step 3 does
+        m = json.loads((out / "metrics.json").read_text())
+        m["batch_size_per_process"] = 100 if spreads else 50
+        for row, s in zip(m["history"], spreads or [None, None], strict=True):
+            if s is not None:
+                row["replica_spread"] = s
+        (out / "metrics.json").write_text(json.dumps(m))
+    fig = plots.step_comparison({"step 1": one, "step 3": ddp})
+    ax_epoch, ax_step, ax_spread = fig.axes
+    assert [list(line.get_xdata()) for line in ax_epoch.get_lines()] == [[1, 2], [1, 2]]
+    assert [list(line.get_xdata()) for line in ax_step.get_lines()] == [[2, 4], [1, 2]]  # step 1: twice the steps
+    assert list(ax_step.get_lines()[1].get_ydata()) == pytest.approx([0.62, 0.72])
+    assert [line.get_label() for line in ax_spread.get_lines()] == ["step 3"]
+    assert "optimizer steps" in ax_step.get_xlabel()
+    with pytest.raises(WorkshopError, match="run the step that writes"):
+        plots.step_comparison({"missing": tmp_path / "nowhere"})

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler
 
-from workshop_lib.data import BucketBatchSampler, SortedBatchSampler
+from workshop_lib.samplers import BucketBatchSampler, SortedBatchSampler
 
 
 class _Sized(torch.utils.data.Dataset):

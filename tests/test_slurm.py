@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from .conftest import REPO, cpu_env
@@ -35,6 +36,7 @@ def _which(name: str) -> str | None:
 
 _missing = [name for name in (*DAEMONS, *CLIENTS) if _which(name) is None]
 needs_slurm = [
+    pytest.mark.slow,
     pytest.mark.skipif(bool(_missing), reason=f"SLURM not installed ({', '.join(_missing)} missing); "
                                               "apt-get install slurm-wlm munge"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the test's own slurmd must run as root"),
@@ -92,12 +94,8 @@ def _wait(predicate, timeout: float, what: str, logs: list[Path]) -> None:
 
 def _job_processes(conf: Path) -> list[int]:
     """Every process that carries our SLURM_CONF: the daemons' children and the job's ranks."""
-    mine = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid() and \
-                environ_of(int(entry.name)).get("SLURM_CONF") == str(conf):
-            mine.append(int(entry.name))
-    return mine
+    return [proc.pid for proc in psutil.process_iter() if proc.pid != os.getpid()
+            and environ_of(proc.pid).get("SLURM_CONF") == str(conf)]
 
 
 def _wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> tuple[str, str]:
@@ -162,6 +160,7 @@ def cluster(tmp_path_factory):
 
 @needs_slurm[0]
 @needs_slurm[1]
+@needs_slurm[2]
 @pytest.mark.timeout(120)
 def test_srun_works(cluster):
     p = subprocess.run([_which("srun"), "-n2", "hostname"], env=cluster, capture_output=True, text=True, timeout=60)
@@ -171,6 +170,7 @@ def test_srun_works(cluster):
 
 @needs_slurm[0]
 @needs_slurm[1]
+@needs_slurm[2]
 @pytest.mark.timeout(300)
 def test_sbatch_trains_step3_like_torchrun(cluster, tmp_path):
     """One node x 2 processes through sbatch -> srun -> torchrun: the same numbers as torchrun alone.

@@ -54,21 +54,30 @@ _STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
 # ---------------------------------------------------------------------- solution spans
 
 
-def _spans(source: str, where: str) -> list[tuple[int, int]]:
-    """(begin, end) line numbers of each solution span; a broken span is an error naming its cell."""
-    lines, spans, begin = source.splitlines(), [], None
+def _hint_start(lines: list[str], begin: int) -> int | None:
+    """The first line of the hint above line ``begin``: a ``# TODO`` line, then any comment lines under it."""
+    i = begin - 1
+    while i >= 0 and lines[i].lstrip().startswith("#") and not _TODO.match(lines[i]):
+        i -= 1
+    return i if i >= 0 and _TODO.match(lines[i]) else None
+
+
+def _spans(source: str, where: str) -> list[tuple[int, int, int]]:
+    """(hint, begin, end) line numbers of each solution span; a broken span is an error naming its cell."""
+    lines, spans, begin, hint = source.splitlines(), [], None, None
     for i, line in enumerate(lines):
         marker = line.strip()
         if marker == BEGIN:
             if begin is not None:
                 raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} inside another span; close it with '{END}'")
-            if i == 0 or not _TODO.match(lines[i - 1]):
-                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint line just above")
+            hint = _hint_start(lines, i)
+            if hint is None:
+                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint just above")
             begin = i
         elif marker == END:
             if begin is None:
                 raise WorkshopError(f"{where}: '{END}' on line {i + 1} has no '{BEGIN}' before it")
-            spans.append((begin, i))
+            spans.append((hint, begin, i))
             begin = None
     if begin is not None:
         raise WorkshopError(f"{where}: '{BEGIN}' on line {begin + 1} is never closed with '{END}'")
@@ -79,8 +88,8 @@ def solution_source(source: str, where: str = "cell") -> str:
     """The code as it runs in the solution: hint lines and markers dropped."""
     lines = source.splitlines()
     drop = set()
-    for begin, end in _spans(source, where):
-        drop |= {begin - 1, begin, end}
+    for hint, begin, end in _spans(source, where):
+        drop |= set(range(hint, begin + 1)) | {end}
     return "\n".join(line for i, line in enumerate(lines) if i not in drop)
 
 
@@ -88,7 +97,7 @@ def exercise_source(source: str, where: str = "cell") -> str:
     """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO."""
     lines = source.splitlines()
     out, pos = [], 0
-    for begin, end in _spans(source, where):
+    for _, begin, end in _spans(source, where):
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
         out += lines[pos:begin]
         out.append(f'{indent}raise NotImplementedError("fill in the TODO above")')
@@ -146,6 +155,7 @@ def exercise_notebook(nb, source_name: str):
 
     ex = copy.deepcopy(nb)
     ex.metadata.pop("widgets", None)
+    todos = any(c.cell_type == "code" and has_spans(c.source) for c in nb.cells)
     for i, cell in enumerate(ex.cells):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -158,8 +168,10 @@ def exercise_notebook(nb, source_name: str):
     header = nbformat.v4.new_markdown_cell(
         f"*Exercise version, generated from [{source_name}]({link}) by `python -m workshop_lib.build`, "
         f"do not edit (maintainers: change the solution notebook and rebuild).*\n\n"
-        f"Fill in each `# TODO` (its cell raises `NotImplementedError` until you do), run the cell, then run "
-        f"the check cell below it. Stuck? The worked solution is in [{source_name}]({link}).")
+        + (f"Fill in each `# TODO` (its cell raises `NotImplementedError` until you do), run the cell, then run "
+           f"the check cell below it. Stuck? The worked solution is in [{source_name}]({link})." if todos else
+           f"This notebook has nothing to fill in: run the cells in order. The executed version, with its outputs, "
+           f"is [{source_name}]({link})."))
     header.id = "exercise-header"
     ex.cells.insert(0, header)
     return ex

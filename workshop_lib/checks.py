@@ -32,9 +32,10 @@ def _passed(message: str) -> None:
     print(f"\N{CHECK MARK} {message}")
 
 
-def _fake_env(rank: int, world_size: int) -> DistEnv:
-    """Who a rank would be, for functions that only read the DistEnv (no process group needed)."""
-    return DistEnv(rank, rank, world_size, world_size, torch.device("cpu"), "gloo")
+def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEnv:
+    """Who a rank would be (``per_node`` processes a node), for functions that only read the DistEnv."""
+    per_node = per_node or world_size
+    return DistEnv(rank, rank % per_node, world_size, per_node, torch.device("cpu"), "gloo")
 
 
 def _call(fn: Callable, name: str, *args):
@@ -42,6 +43,56 @@ def _call(fn: Callable, name: str, *args):
         return fn(*args)
     except NotImplementedError:
         raise CheckFailed(f"{name} still raises NotImplementedError: fill in its TODO and run its cell again") from None
+    except (ValueError, RuntimeError) as err:
+        if "not been initialized" not in str(err):
+            raise
+        raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process group "
+                          f"has not been initialized): tell DistributedSampler this rank's place from env, with "
+                          f"num_replicas= and rank=") from None
+
+
+def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None) -> list:
+    """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line."""
+    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
+
+    from workshop_lib.forklaunch import notebook_launch
+    from workshop_lib.launch import LaunchError
+
+    try:
+        return notebook_launch(fn, nprocs, *args, timeout=timeout)
+    except LaunchError as err:
+        text = str(err)
+        if "NotImplementedError" in text:
+            raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
+                              f"run its cell again") from None
+        if "did not finish" in text:
+            raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
+                              f"another rank never joins; every rank must call every collective") from None
+        raise CheckFailed(f"a rank failed: {text.splitlines()[0]}") from None
+
+
+def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
+    """Run the learner's train with tiny settings as if each rank were alone on its node (local rank 0 on all)."""
+    from dataclasses import replace
+
+    from workshop_lib import spy
+
+    rec = spy.Recorder()
+    spy.record_calls(rec, train.__globals__, "mean_over_ranks")
+    cfg = TrainConfig(limit=200, epochs=2, out=Path(out), progress=False, tensorboard=False, timeout=30)
+    try:
+        with spy.spying(rec, train.__globals__), contextlib.redirect_stdout(io.StringIO()):
+            train(cfg, replace(env, local_rank=0, local_world_size=1))
+        rec.add("end", ok=True)
+    except Exception as err:  # the check names it
+        rec.add("end", ok=False, error=type(err).__name__, message=(str(err).splitlines() or [""])[0][:300])
+    return rec.events
+
+
+def train_on_two_nodes(train: Callable, nprocs: int = 2, timeout: float = 120) -> dict[int, list[dict]]:
+    """What each rank did in ``train(cfg, env)`` (200 molecules, 2 epochs), one rank per "node"."""
+    with tempfile.TemporaryDirectory(prefix="train-check-") as out:
+        return dict(enumerate(run_on_ranks(_spied_train, nprocs, train, out, timeout=timeout, name="train")))
 
 
 # --------------------------------------------------------------------- 00 baseline
@@ -145,17 +196,18 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
 # --------------------------------------------------------------- 02 sharded data
 
 
-def shards(make_sampler: Callable, indices_for: Callable, n: int = 11, world_size: int = 2) -> None:
+def shards(make_sampler: Callable, indices_for: Callable, n: int = 11, world_size: int = 4, per_node: int = 2) -> None:
     """Build each rank's sampler with ``make_sampler`` and read epochs 0 and 1 with ``indices_for``.
 
-    The shards must be disjoint up to DistributedSampler's padding, cover all
-    ``n`` items, be shuffled, and change order between epochs.
+    The ranks are ``world_size`` made-up processes, ``per_node`` on each node, so
+    their local ranks repeat. The shards must be disjoint up to DistributedSampler's
+    padding, cover all ``n`` items, be shuffled, and change order between epochs.
     """
     cfg = TrainConfig()
     data = list(range(n))
     got = {}
     for rank in range(world_size):
-        sampler = _call(make_sampler, "make_sampler", data, cfg, _fake_env(rank, world_size))
+        sampler = _call(make_sampler, "make_sampler", data, cfg, _fake_env(rank, world_size, per_node))
         for epoch in (0, 1):
             got[rank, epoch] = [int(i) for i in _call(indices_for, "indices_for", sampler, epoch)]
     per_rank = math.ceil(n / world_size)
@@ -164,8 +216,13 @@ def shards(make_sampler: Callable, indices_for: Callable, n: int = 11, world_siz
             raise CheckFailed(f"rank {rank} got {len(got[rank, 0])} of {n} items, expected {per_rank} "
                               f"(= ceil({n}/{world_size})): pass num_replicas=env.world_size to DistributedSampler")
     for rank in range(1, world_size):
-        if got[rank, 0] == got[0, 0]:
-            raise CheckFailed(f"rank {rank} got the same indices as rank 0: pass rank=env.rank to DistributedSampler")
+        twin = next((r for r in range(rank) if got[r, 0] == got[rank, 0]), None)
+        if twin is not None and twin == rank % per_node:
+            raise CheckFailed(f"rank {rank} (local rank {rank % per_node}) got the same indices as rank {twin}: pass "
+                              f"the global rank, rank=env.rank; the local rank repeats on every node")
+        if twin is not None:
+            raise CheckFailed(f"rank {rank} got the same indices as rank {twin}: pass rank=env.rank to "
+                              f"DistributedSampler")
     seen = sorted(i for rank in range(world_size) for i in got[rank, 0])
     if set(seen) != set(data):
         raise CheckFailed(f"together the ranks saw {sorted(set(seen))}, not every item of {data}")
@@ -177,7 +234,7 @@ def shards(make_sampler: Callable, indices_for: Callable, n: int = 11, world_siz
     if got[0, 0] == got[0, 1]:
         raise CheckFailed("the order is the same in epoch 0 and 1: call sampler.set_epoch(epoch) before reading it")
     padded = len(seen) - n
-    _passed(f"{world_size} ranks x {per_rank} items: disjoint shards covering all {n} "
+    _passed(f"{world_size} ranks ({per_node} a node) x {per_rank} items: disjoint shards covering all {n} "
             f"({padded} padded duplicate{'s' * (padded != 1)}), reshuffled each epoch")
 
 
@@ -203,55 +260,16 @@ def sharded_run(result: dict, nproc: int = 2) -> None:
     _passed(f"each of {nproc} ranks trained on {k} of {n} molecules per epoch; the replicas drifted apart")
 
 
-# --------------------------------------------------------------------------- 03 DDP
+def epoch_loop(train: Callable, nprocs: int = 2, timeout: float = 120) -> None:
+    """The step-2 ``train`` on 2 ranks, one per "node": each its own shard, a new order every epoch."""
+    from workshop_lib import verdict
 
-
-def _ddp_step(env: DistEnv, wrap: Callable) -> dict:
-    """On one rank: differently initialised replicas, wrapped, one step on this rank's own batch."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from workshop_lib.model import SmilesLSTM
-
-    torch.manual_seed(env.rank)  # a different start on every rank: DDP must make them equal
-    model = SmilesLSTM(12, 8, 8)
-    try:
-        wrapped = wrap(model, env)
-    except NotImplementedError:
-        return {"outcome": "todo"}
-    if not isinstance(wrapped, DDP):
-        return {"outcome": f"wrap returned a {type(wrapped).__name__}, not a DistributedDataParallel: "
-                           f"return DDP(model, device_ids=...) around the model"}
-    if wrapped.module is not model:
-        return {"outcome": "the DDP wrapper holds another model than the one passed in: wrap `model` itself"}
-    g = torch.Generator().manual_seed(100 + env.rank)  # each rank its own data
-    tokens = torch.randint(1, 12, (4, 6), generator=g)  # (B, T)
-    labels = torch.tensor([0.0, 1.0, 1.0, 0.0])
-    opt = torch.optim.SGD(wrapped.parameters(), lr=0.5)
-    loss = torch.nn.functional.binary_cross_entropy_with_logits(wrapped(tokens, torch.full((4,), 6)), labels)
-    loss.backward()
-    opt.step()
-    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
-    everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
-    dist.all_gather(everyone, mine)
-    return {"outcome": "ok", "spread": max((w - everyone[0]).abs().max().item() for w in everyone)}
-
-
-def ddp_wrap(wrap: Callable, nprocs: int = 2, timeout: float = 60) -> None:
-    """``wrap(model, env)`` must return DDP around ``model``, so one step leaves the replicas equal."""
-    from workshop_lib.forklaunch import notebook_launch
-    from workshop_lib.launch import LaunchError
-
-    try:
-        ranks = notebook_launch(_ddp_step, nprocs, wrap, timeout=timeout)
-    except LaunchError as err:
-        raise CheckFailed(f"a rank failed: {str(err).splitlines()[0]}") from None
-    for r in ranks:
-        if r["outcome"] == "todo":
-            raise CheckFailed("wrap still raises NotImplementedError: fill in its TODO and run its cell again")
-        if r["outcome"] != "ok":
-            raise CheckFailed(r["outcome"])
-    spread = max(r["spread"] for r in ranks)
-    if spread != 0.0:
-        raise CheckFailed(f"after one step the replicas differ by up to {spread:.3g}: the gradients were not averaged")
-    _passed(f"wrap: {nprocs} replicas started different, DDP made them equal and one step kept them equal")
+    events = train_on_two_nodes(train, nprocs, timeout)
+    for rule in (verdict.open_todo, verdict.sharding, verdict.crashed, verdict.skipped_collective,
+                 verdict.reshuffling):
+        message = rule(events, world_size=nprocs, epochs=2)
+        if message:
+            raise CheckFailed(message)
+    reads = [e["epoch"] for e in events[0] if e["kind"] == "read_sampler"]
+    _passed(f"train: each of {nprocs} ranks read its own shard; the sampler was read in epochs {reads}, "
+            f"each after its set_epoch")

@@ -23,7 +23,9 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         print(f"{rank_label()}error: {err}", file=sys.stderr, flush=True)
         code = 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        snapshots = sys.modules.get("workshop_lib.checkpoint")  # only a script that saves snapshots has it
+        saved = snapshots.last_saved() if snapshots else None
+        print(f"{rank_label()}interrupted" + (f": {saved}" if saved else ""), file=sys.stderr, flush=True)
         code = 130
     exit_worker(code)  # returns only outside a multi-process job
     return code

@@ -14,55 +14,13 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO_ROOT / "dataset" / "b3db_classification.csv"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    # --- data ---
-    data: Path = DEFAULT_DATA  # CSV with a SMILES column and a 0/1 label column
-    smiles_col: str | None = None  # SMILES column name; None: detect ("smiles", ...)
-    label_col: str | None = None  # label column name; None: detect ("p_np", "label", ...)
-    limit: int | None = None  # use only the first N molecules (quick runs)
-    heldout_frac: float = 0.1  # share held out for the final test (as the original workshop)
-    dev_frac: float = 0.2  # share of the rest used for model selection
-    split_seed: int = 1729  # seed of the stratified split (the original workshop's)
-    # --- model ---
-    embed_dim: int = 32  # token embedding size
-    hidden: int = 32  # LSTM hidden size per direction
-    layers: int = 1  # stacked bidirectional LSTM layers
-    dropout: float = 0.1  # dropout in the head (and between LSTM layers)
-    # --- optimisation ---
-    epochs: int = 12  # passes over the training split
-    batch_size: int = 64  # molecules per process per step (global batch = this x world size)
-    lr: float = 8e-3  # AdamW learning rate
-    weight_decay: float = 1e-4  # AdamW weight decay
-    seed: int = 0  # seed for weights, shuffling and dropout
-    # --- run ---
-    out: Path = Path("runs/latest")  # where rank 0 writes metrics.json, TensorBoard and snapshots
-    timeout: float = 120.0  # seconds a rank waits on the others before giving up
-    backend: str | None = None  # None: nccl with CUDA, gloo without
-    progress: bool = True  # tqdm progress bar on rank 0
-    tensorboard: bool = True  # TensorBoard event files on rank 0
-    resume: Path | None = None  # snapshot to resume from (default: OUT/snapshot.pt if present)
-
-    def as_dict(self) -> dict:
-        """JSON-friendly view (paths as strings), for metrics.json and TensorBoard hparams."""
-        d = dataclasses.asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
-
-    def error(self, message: str) -> None:
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -79,32 +37,90 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
+def _opt(default, help: str, type=None, run_only: bool = False, choices=None):
+    """A TrainConfig field with its flag's help text (the field's comment, in one place).
+
+    ``run_only``: it changes how or where this run goes, not what it trains, so
+    a snapshot written under another value may still be resumed.
+    """
+    return field(default=default, metadata={"help": help, "type": type, "run_only": run_only, "choices": choices})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # --- data ---
+    data: Path = _opt(DEFAULT_DATA, "CSV with a SMILES column and a 0/1 label column (default: the shipped B3DB table)")  # noqa: RUF009
+    smiles_col: str | None = _opt(None, "name of the SMILES column (default: detect: smiles, smi, ...)")
+    label_col: str | None = _opt(None, "name of the 0/1 label column (default: detect: p_np, label, ...)")
+    limit: int | None = _opt(None, "train on a seeded random subset of N molecules, for quick runs (default: all)",
+                             _positive_int)
+    heldout_frac: float = _opt(0.1, "share held out for the final test (as the original workshop)", _fraction)
+    dev_frac: float = _opt(0.2, "share of the rest used for model selection", _fraction)
+    split_seed: int = _opt(1729, "seed of the stratified split and of --limit's subset (the original workshop's)")
+    # --- model ---
+    embed_dim: int = _opt(32, "token embedding size", _positive_int)
+    hidden: int = _opt(32, "LSTM hidden size per direction", _positive_int)
+    layers: int = _opt(1, "stacked bidirectional LSTM layers", _positive_int)
+    dropout: float = _opt(0.1, "dropout in the head (and between LSTM layers), in [0, 1)")
+    # --- optimisation ---
+    epochs: int = _opt(12, "passes over the training split (more epochs continue a shorter run in --out)",
+                       _positive_int, run_only=True)
+    batch_size: int = _opt(64, "molecules per process per step; global batch = this x world size", _positive_int)
+    lr: float = _opt(8e-3, "AdamW learning rate", _positive_float)
+    weight_decay: float = _opt(1e-4, "AdamW weight decay")
+    seed: int = _opt(0, "seed for weights, shuffling and dropout")
+    # --- run ---
+    out: Path = _opt(Path("runs/latest"), "where rank 0 writes metrics.json, TensorBoard and snapshots",  # noqa: RUF009
+                     run_only=True)
+    timeout: float = _opt(120.0, "seconds a rank waits on the others before giving up", _positive_float,
+                          run_only=True)
+    backend: str | None = _opt(None, "default: nccl with CUDA, else gloo", run_only=True, choices=("gloo", "nccl"))
+    progress: bool = _opt(True, "tqdm progress bar on rank 0", run_only=True)
+    tensorboard: bool = _opt(True, "TensorBoard event files on rank 0", run_only=True)
+    resume: Path | None = _opt(None, "snapshot to resume from (default: OUT/snapshot.pt if it fits this run)",  # noqa: RUF009
+                               run_only=True)
+    fresh: bool = _opt(False, "start afresh, replacing the snapshot and results in --out", run_only=True)
+
+    def as_dict(self) -> dict:
+        """JSON-friendly view (paths as strings), for metrics.json and TensorBoard hparams."""
+        d = dataclasses.asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def training_fields() -> tuple[str, ...]:
+    """The fields that change what is trained: a snapshot resumes only under the same values."""
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if not f.metadata["run_only"])
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+_PARSERS = {"Path": Path, "Path | None": Path, "str | None": str, "int": int, "int | None": int, "float": float}
+
+
 def build_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
-    """The flags every step script shares; each maps onto one TrainConfig field."""
-    d = TrainConfig()
+    """The flags every step script shares: one per TrainConfig field, named after it, with its help."""
     p = _OneLineParser(prog=prog, description=description, allow_abbrev=False)
-    p.add_argument("--data", type=Path, default=d.data,
-                   help="CSV with SMILES and 0/1 labels (default: the shipped B3DB table)")
-    p.add_argument("--smiles-col", default=d.smiles_col, help="name of the SMILES column (default: detect)")
-    p.add_argument("--label-col", default=d.label_col, help="name of the 0/1 label column (default: detect)")
-    p.add_argument("--limit", type=_positive_int, default=d.limit, help="use only the first N molecules")
-    p.add_argument("--epochs", type=_positive_int, default=d.epochs)
-    p.add_argument("--batch-size", type=_positive_int, default=d.batch_size,
-                   help="per process; global batch = this x world size")
-    p.add_argument("--lr", type=_positive_float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--embed-dim", type=_positive_int, default=d.embed_dim)
-    p.add_argument("--hidden", type=_positive_int, default=d.hidden)
-    p.add_argument("--layers", type=_positive_int, default=d.layers)
-    p.add_argument("--dropout", type=float, default=d.dropout)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--split-seed", type=int, default=d.split_seed)
-    p.add_argument("--out", type=Path, default=d.out, help="output directory (rank 0 writes here)")
-    p.add_argument("--timeout", type=_positive_float, default=d.timeout, help="seconds to wait for other ranks")
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=d.backend, help="default: nccl with CUDA, else gloo")
-    p.add_argument("--resume", type=Path, default=d.resume, help="snapshot to resume from")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
-    p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help="no TensorBoard files")
+    for f in dataclasses.fields(TrainConfig):
+        flag, meta = "--" + f.name.replace("_", "-"), f.metadata
+        if f.type == "bool":  # a switch: --no-progress turns a default-on field off, --fresh a default-off one on
+            name = flag if not f.default else "--no-" + f.name
+            p.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
+                           help=f"turn off the {meta['help']}" if f.default else meta["help"])
+            continue
+        p.add_argument(flag, type=meta["type"] or _PARSERS[f.type], default=f.default, choices=meta["choices"],
+                       help=meta["help"])
     return p
 
 
@@ -114,4 +130,6 @@ def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = N
     cfg = TrainConfig(**ns)
     if not 0.0 <= cfg.dropout < 1.0:
         raise WorkshopError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.fresh and cfg.resume is not None:
+        raise WorkshopError("--fresh and --resume contradict each other; pass one of them")
     return cfg

@@ -1,4 +1,8 @@
-"""Molecules in, batches out: CSV loading, SMILES tokenizer, split, samplers, loaders.
+"""Molecules in, batches out: CSV loading, the tokenized dataset, the split, loaders.
+
+The tokenizer is in :mod:`workshop_lib.tokenizer`, the batch samplers (the
+length bucketing that keeps DistributedSampler's shards) in
+:mod:`workshop_lib.samplers`.
 
 The hot path does no per-molecule Python work: every SMILES is tokenized once,
 up front, into one padded ``(N, L_max)`` tensor, and a batch is a single
@@ -7,10 +11,7 @@ fancy-index of it, cut to the longest molecule in the batch.
 
 from __future__ import annotations
 
-import math
-import re
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -21,17 +22,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from workshop_lib.errors import WorkshopError
+from workshop_lib.samplers import BucketBatchSampler, SortedBatchSampler
 from workshop_lib.split import stratified_split
+from workshop_lib.tokenizer import SmilesTokenizer
 
 SMILES_NAMES = ("smiles", "smi", "canonical_smiles", "isomeric_smiles")
 LABEL_NAMES = ("p_np", "label", "labels", "y", "target", "class", "bbb", "active")
-
-# One token per atom or bond symbol: bracket atoms ([nH], [C@@H], [N+]) and the
-# two-letter halogens Cl and Br stay whole; ring closures %NN are one token.
-SMILES_TOKEN = re.compile(
-    r"\[[^\[\]]+\]|Br|Cl|Si|Se|se|As|Na|Li|[BCNOPSFIKHbcnops]|%\d{2}|\d|[=#\-+\\/().:~@?*$>]"
-)
-
 
 # ----------------------------------------------------------------------------- CSV
 
@@ -100,69 +96,22 @@ def load_table(path: Path, smiles_col: str | None = None, label_col: str | None 
     if labels.nunique() < 2:
         raise WorkshopError(f"label column '{l_col}' in {path} holds a single class ({int(labels.iloc[0])}); "
                             f"ROC AUC needs both 0s and 1s")
-    smiles = df[s_col].astype(str).str.strip().tolist()
-    y = labels.to_numpy(dtype=np.int64)
-    if limit is not None:
-        if limit > len(smiles):
-            raise WorkshopError(f"--limit {limit} is larger than the {len(smiles)} molecules in {path}; "
-                                f"use --limit {len(smiles)} or less")
-        keep = np.sort(np.random.default_rng(seed).permutation(len(smiles))[:limit])
-        smiles, y = [smiles[i] for i in keep], y[keep]
-    return Table(smiles, y, f"{path} [{s_col} -> {l_col}]")
+    stripped = df[s_col].astype(str).str.strip()
+    blank = stripped.index[stripped == ""]
+    if len(blank):
+        raise WorkshopError(f"SMILES column '{s_col}' in {path} is blank in row {blank[0] + 2}; "
+                            f"fill in that molecule or remove the row")
+    table = Table(stripped.tolist(), labels.to_numpy(dtype=np.int64), f"{path} [{s_col} -> {l_col}]")
+    return table if limit is None else take(table, limit, seed)
 
 
-# ----------------------------------------------------------------------- tokenizer
-
-
-class SmilesTokenizer:
-    """Regex SMILES tokenizer with a vocabulary fitted on the data.
-
-    Index 0 pads, index 1 stands for a token the vocabulary has not seen
-    (for example a rare bracket atom in a new CSV).
-    """
-
-    PAD, UNK = 0, 1
-
-    def __init__(self, vocab: Sequence[str]):
-        self.itos = ["<pad>", "<unk>", *vocab]
-        self.stoi = {t: i for i, t in enumerate(self.itos)}
-
-    @staticmethod
-    def split(smiles: str, row: int | None = None) -> list[str]:
-        """SMILES -> tokens; a character outside SMILES syntax is an error naming it."""
-        tokens = SMILES_TOKEN.findall(smiles)
-        if sum(map(len, tokens)) != len(smiles):
-            pos = 0
-            for tok in tokens:  # find the first character the pattern skipped
-                at = smiles.index(tok, pos)
-                if at != pos:
-                    break
-                pos = at + len(tok)
-            where = f" in row {row + 2}" if row is not None else ""
-            raise WorkshopError(f"SMILES {smiles[:60]!r}{where} has a character the tokenizer does not know: "
-                                f"{smiles[pos]!r} at position {pos}; fix or remove that molecule")
-        return tokens
-
-    @classmethod
-    def fit(cls, smiles: Sequence[str]) -> SmilesTokenizer:
-        counts = Counter(t for i, s in enumerate(smiles) for t in cls.split(s, i))
-        return cls(sorted(counts))  # sorted: the same data gives the same ids
-
-    def encode(self, smiles: str, row: int | None = None) -> list[int]:
-        return [self.stoi.get(t, self.UNK) for t in self.split(smiles, row)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.itos[i] for i in ids if i != self.PAD)
-
-    def __len__(self) -> int:
-        return len(self.itos)
-
-    def state_dict(self) -> dict:
-        return {"itos": list(self.itos)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> SmilesTokenizer:
-        return cls(state["itos"][2:])
+def take(table: Table, limit: int, seed: int = 1729) -> Table:
+    """A seeded random subset of ``limit`` molecules, in file order (the shipped file is sorted by class)."""
+    if limit > len(table.smiles):
+        raise WorkshopError(f"--limit {limit} is larger than the {len(table.smiles)} molecules in "
+                            f"{table.source.split(' [')[0]}; use --limit {len(table.smiles)} or less")
+    keep = np.sort(np.random.default_rng(seed).permutation(len(table.smiles))[:limit])
+    return Table([table.smiles[i] for i in keep], table.labels[keep], table.source)
 
 
 # ------------------------------------------------------------------------- dataset
@@ -237,66 +186,21 @@ class Splits:
 def load_splits(path: Path, smiles_col: str | None = None, label_col: str | None = None,
                 limit: int | None = None, heldout_frac: float = 0.1, dev_frac: float = 0.2,
                 split_seed: int = 1729) -> Splits:
-    """CSV -> tokenizer fitted on all SMILES -> three tokenized, stratified splits."""
-    table = load_table(path, smiles_col, label_col, limit, split_seed)
+    """CSV -> tokenizer fitted on all SMILES -> three tokenized, stratified splits (of ``limit`` molecules).
+
+    The vocabulary comes from the whole table, before ``limit``: the model's
+    size is then the same for a quick run and a full one.
+    """
+    table = load_table(path, smiles_col, label_col, None, split_seed)
     tokenizer = SmilesTokenizer.fit(table.smiles)  # SMILES only, no labels: no leak
+    if limit is not None:
+        table = take(table, limit, split_seed)
     full = TokenizedDataset(table.smiles, table.labels, tokenizer)
     train, dev, heldout = stratified_split(table.labels, heldout_frac, dev_frac, split_seed)
     return Splits(full.subset(train), full.subset(dev), full.subset(heldout), tokenizer, table.source)
 
 
-# ------------------------------------------------------------------------- samplers
-
-
-class BucketBatchSampler(Sampler[list[int]]):
-    """Group the indices of any sampler into batches of similar-length molecules.
-
-    It draws the sampler's order (a DistributedSampler's shard, say), sorts each
-    window of ``window`` batches by length, cuts it into batches, and shuffles
-    the batch order. So it keeps the wrapped sampler's contract: the same
-    indices (disjoint across ranks, covering the data), a new order after
-    ``set_epoch``, and the same number of batches on every rank. Short batches
-    are cheap batches: an LSTM runs as many steps as its longest molecule.
-    """
-
-    def __init__(self, sampler: Sampler[int], lengths: torch.Tensor, batch_size: int,
-                 window: int = 32, seed: int = 0):
-        self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
-        self.window, self.seed, self._calls = window, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.sampler) / self.batch_size)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        # Follow the wrapped sampler's epoch when it has one (DistributedSampler);
-        # otherwise each pass is a new epoch.
-        epoch = getattr(self.sampler, "epoch", self._calls)
-        self._calls += 1
-        order = torch.as_tensor(list(self.sampler), dtype=torch.int64)
-        span = self.window * self.batch_size
-        chunks = [c[torch.argsort(self.lengths[c], stable=True)] for c in order.split(span)]
-        batches = torch.cat(chunks).split(self.batch_size)
-        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        for b in torch.randperm(len(batches), generator=g).tolist():
-            yield batches[b].tolist()
-
-
-class SortedBatchSampler(Sampler[list[int]]):
-    """Fixed batches of similar length for evaluation (order does not matter for ROC AUC)."""
-
-    def __init__(self, lengths: torch.Tensor, batch_size: int):
-        self.batches = torch.argsort(lengths, stable=True).split(batch_size)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for b in self.batches:
-            yield b.tolist()
+# ------------------------------------------------------------------------- loaders
 
 
 def make_loader(dataset: TokenizedDataset, sampler: Sampler[int], batch_size: int, seed: int = 0) -> DataLoader:

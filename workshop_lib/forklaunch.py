@@ -7,6 +7,7 @@ engine inside torchrun), and returns what each rank returned.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -14,11 +15,16 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
-from workshop_lib.launch import TAIL_LINES, LaunchError, free_port
+from workshop_lib.launch import LaunchError
+
+# torch's launcher logs a failed rank's whole traceback to stderr ("E1202 ... api.py:836] ...");
+# during a launch these loggers write to the launch's log file instead, which the error names.
+_LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
 def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
@@ -35,9 +41,51 @@ def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
     env = distributed.setup(backend, timeout)
     try:
         return fn(env, *args)
+    except BaseException:
+        traceback.print_exc()  # into this rank's log: the error names the file
+        raise
     finally:
         distributed.teardown()
         log.flush()
+
+
+@contextlib.contextmanager
+def _launcher_logs_to(path: Path):
+    """Send torch's launcher loggers to ``path`` instead of the cell's stderr, for the duration of the block."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in _LAUNCHER_LOGGERS]
+    saved = [(lg.propagate, lg.level) for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for lg, (propagate, level) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate, lg.level = propagate, level
+        handler.close()
+
+
+@contextlib.contextmanager
+def _own_signal_handlers():
+    """Give SIGINT and SIGTERM their handlers back after the launch.
+
+    torch's launcher installs its own (they turn the signal into a SignalException
+    that stops the ranks) and leaves them in place: without this, the kernel's
+    stop button would raise SignalException instead of KeyboardInterrupt ever after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -59,35 +107,55 @@ def _alarm(seconds: float, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
+def _start_method(fn: Callable) -> str:
+    """'fork' on Linux; elsewhere 'spawn' for a function a fresh process can import, else a one-line refusal."""
+    if sys.platform.startswith("linux"):
+        return "fork"
+    qualname = getattr(fn, "__qualname__", "<locals>")
+    if getattr(fn, "__module__", "__main__") != "__main__" and "<" not in qualname:
+        return "spawn"  # a fresh interpreter imports fn by module and name
+    why = "Windows has no fork" if sys.platform == "win32" else "fork is unsafe on macOS"
+    raise WorkshopError(f"notebook_launch forks this kernel, and {why}: move {qualname} into a .py file next to the "
+                        "notebook and import it from there (it then runs with spawn), or run a script with launch.torchrun")
+
+
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo") -> list:
     """Run ``fn(env, *args)`` on ``nprocs`` forked ranks; return each rank's result, in rank order.
 
     torch's elastic launcher (the engine inside torchrun) forks the ranks and
     hosts the rendezvous on a free local port; each rank then joins a process
     group (``distributed.setup``) and gets its DistEnv. What the ranks print
-    goes to per-rank log files; rank 0's stdout is shown after the run, and
-    a failure shows the tail of every rank's output.
+    goes to per-rank log files; rank 0's output is shown after the run. A
+    failure raises a LaunchError with one line per failed rank and the name of
+    the file that holds every rank's output and the launcher's log.
     """
     import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if torch.cuda.is_initialized():
         raise WorkshopError("CUDA is already initialised in this kernel, and forked ranks cannot use it; "
                             "restart the kernel and call notebook_launch before any CUDA work, or use launch.torchrun")
+    start_method = _start_method(fn)  # fork on Linux (WSL included); macOS and Windows: spawn or a refusal
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
+    # Port 0: the rendezvous store binds a free port itself (as torchrun --standalone does).
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",
-                          rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
-                          monitor_interval=0.1, start_method="fork")
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          monitor_interval=0.1, start_method=start_method)
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
+    name = getattr(fn, "__name__", repr(fn))
     try:
-        with _alarm(timeout, f"notebook_launch of {getattr(fn, '__name__', fn)}"):
+        with _launcher_logs_to(Path(log_dir) / "launcher.log"), _alarm(timeout, f"notebook_launch of {name}"), \
+                _own_signal_handlers():
             results = elastic_launch(config, _rank_main)(fn, backend, timeout, log_dir, *args)
     except ChildFailedError as err:
-        raise LaunchError(_rank_failure(_first_failure(err), log_dir)) from None
+        raise LaunchError(_failure_report(name, _failures(err), log_dir)) from None
     except TimeoutError as err:
-        raise LaunchError(_rank_failure(str(err), log_dir)) from None
+        raise LaunchError(_failure_report(name, [str(err)], log_dir)) from None
+    except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
+        raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
         for k, v in saved.items():
             if v is None:
@@ -97,20 +165,24 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     return [results[r] for r in sorted(results)]
 
 
-def _first_failure(err) -> str:
-    """'rank R raised X: message' and the last traceback lines, from the launcher's error."""
-    rank, failure = err.get_first_failure()
-    msg = failure.message
-    if isinstance(msg, dict):
-        stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
-        where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
-        return f"rank {rank} raised {msg.get('message', '?')}" + (f" ({where})" if where else "")
-    return f"rank {rank} failed with exit code {failure.exitcode}"
+def _failures(err) -> list[str]:
+    """One line per failed rank: 'rank R raised X: message (File ..., line N, in f)', or its exit code."""
+    lines = []
+    for rank, failure in sorted(err.failures.items()):
+        msg = failure.message
+        if isinstance(msg, dict):
+            stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
+            where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
+            first = (str(msg.get("message", "?")).strip().splitlines() or ["?"])[0]
+            lines.append(f"rank {rank} raised {first}" + (f" ({where})" if where else ""))
+        else:
+            lines.append(f"rank {rank} failed with exit code {failure.exitcode}")
+    return lines or ["a rank failed"]
 
 
 def _rank_logs(log_dir: str) -> dict[int, str]:
     """{rank: everything it printed}."""
-    return {int(p.stem[4:]): p.read_text() for p in sorted(Path(log_dir).glob("rank*.log"))}
+    return {int(p.stem[4:]): p.read_text(errors="replace") for p in sorted(Path(log_dir).glob("rank*.log"))}
 
 
 def _show_rank0(log_dir: str) -> None:
@@ -119,8 +191,12 @@ def _show_rank0(log_dir: str) -> None:
         print(text, end="" if text.endswith("\n") else "\n", flush=True)
 
 
-def _rank_failure(what: str, log_dir: str) -> str:
-    lines = [f"[rank {rank}] {line}" for rank, text in sorted(_rank_logs(log_dir).items()) for line in text.splitlines()]
-    if not lines:
-        return f"notebook_launch failed: {what}"
-    return f"notebook_launch failed: {what}. Last lines:\n" + "\n".join(lines[-TAIL_LINES:])
+def _failure_report(name: str, failures: list[str], log_dir: str) -> str:
+    """The failed ranks, one line each, and the file with every rank's output (kept for reading)."""
+    path = Path(log_dir) / "all.log"
+    parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
+    launcher = Path(log_dir) / "launcher.log"
+    if launcher.is_file():
+        parts.append(f"===== torch's launcher\n{launcher.read_text(errors='replace')}")
+    path.write_text("\n".join(parts))
+    return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

@@ -79,37 +79,28 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def _descendants(pid: int) -> list[int]:
-    """Child processes of ``pid``, recursively (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM torchrun (it stops its workers), then SIGKILL whatever is left.
+def _kill_tree(proc: subprocess.Popen, grace: float = 10.0, first: signal.Signals = signal.SIGTERM) -> None:
+    """Send ``first`` to torchrun's process group (it stops its workers), then SIGKILL whatever is left.
 
     torchrun starts each worker in its own session, so killing torchrun's
     process group alone could leave workers behind; they are found first.
     """
-    workers = _descendants(proc.pid)
+    import psutil
+
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, first)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
-    for pid in [proc.pid, *workers]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for worker in workers:
+        with contextlib.suppress(psutil.Error):
+            worker.kill()
+    psutil.wait_procs(workers, timeout=grace)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
 
@@ -124,11 +115,18 @@ class _EpochBar:
     """A tqdm bar (a widget in Jupyter) advanced by rank 0's "epoch k/N" lines."""
 
     def __init__(self, epochs: int, enabled: bool):
-        self.bar = None
+        self.bar = self._display = None
         if enabled:
             from tqdm.auto import tqdm
+            from tqdm.notebook import tqdm as notebook_tqdm
 
-            self.bar = tqdm(total=epochs, desc="epochs", unit="epoch", file=sys.stderr)
+            if issubclass(tqdm, notebook_tqdm):  # a widget: shown with a display id, so close() can replace it
+                from IPython.display import display
+
+                self.bar = tqdm(total=epochs, desc="epochs", unit="epoch", display=False)
+                self._display = display(self.bar.container, display_id=True)
+            else:
+                self.bar = tqdm(total=epochs, desc="epochs", unit="epoch", file=sys.stderr)
 
     def feed(self, text: str) -> None:
         m = _EPOCH_LINE.match(text)
@@ -138,7 +136,14 @@ class _EpochBar:
 
     def close(self) -> None:
         if self.bar is not None:
+            final = str(self.bar)  # "epochs: 100%|...| 2/2 [...]"
             self.bar.close()
+            if self._display is not None:
+                # JupyterLab keeps drawing the widget (now at 100%); the text a saved notebook falls back
+                # to is the final state, not the "0/2" of the first display.
+                view = {"version_major": 2, "version_minor": 0, "model_id": self.bar.container.model_id}
+                self._display.update({"application/vnd.jupyter.widget-view+json": view, "text/plain": final},
+                                     raw=True)
 
 
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
@@ -212,6 +217,11 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
             elif show == "rank0" and rank == 0:
                 print(text, flush=True)
         proc.wait(timeout=30)
+    except KeyboardInterrupt:  # the notebook's stop button, or Ctrl-C: stop every rank as a terminal's Ctrl-C would
+        _kill_tree(proc, first=signal.SIGINT)
+        bar.close()
+        print(_interrupted(out_dir), file=sys.stderr, flush=True)
+        raise
     except BaseException:
         _kill_tree(proc)
         raise
@@ -229,6 +239,15 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
         result.update(read_metrics(written))
     result.command, result.output, result.seconds = command, output, time.perf_counter() - start
     return result
+
+
+def _interrupted(out_dir: Path | None) -> str:
+    """What an interrupted launch leaves, and how to go on."""
+    snapshot = out_dir / "snapshot.pt" if out_dir is not None else None
+    if snapshot is not None and snapshot.is_file():
+        return (f"interrupted: every rank stopped; the last whole snapshot is {_display_path(snapshot)}: "
+                f"run the same command again to resume from it")
+    return "interrupted: every rank stopped"
 
 
 def _failure(what: str, output: Sequence[str]) -> str:

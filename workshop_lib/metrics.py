@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from workshop_lib.files import write_atomic
 
 REQUIRED = ("script", "world_size", "backend", "device", "epochs", "global_batch_size", "best_epoch",
             "dev_roc_auc", "heldout_roc_auc", "train_seconds", "train_samples_per_second")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, then rename: never half a file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_metrics(path: Path, metrics: dict) -> Path:

@@ -196,3 +196,57 @@ def speedup_plot(results, metric: str = "train_samples_per_second"):
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- steps 1, 2, 3 side by side
+
+
+def optimizer_steps(metrics: Mapping) -> list[int]:
+    """Rank 0's optimizer steps after each epoch of a run, from its metrics.json.
+
+    Every rank trains ``samples / world_size`` molecules per epoch (metrics.json
+    counts all ranks') in batches of ``batch_size_per_process``; the last batch
+    may be short, so a rank takes ceil(molecules / batch) steps per epoch.
+    """
+    steps, total = [], 0
+    for row in metrics["history"]:
+        per_rank = round(row["samples_per_second"] * row["seconds"] / metrics["world_size"])
+        total += -(-per_rank // metrics["batch_size_per_process"])
+        steps.append(total)
+    return steps
+
+
+def step_comparison(runs: Mapping[str, str | Path]):
+    """Dev ROC AUC per epoch and per optimizer step, and the replica spread per epoch, of several runs.
+
+    ``runs`` maps a label to a run's --out (its metrics.json). Epochs compare
+    the runs at equal passes over the training data; optimizer steps at equal
+    numbers of updates (a run whose ranks each read all the data takes N times
+    as many per epoch as one that shards it).
+    """
+    loaded = {}
+    for label, out in runs.items():
+        path = Path(out) / "metrics.json"
+        if not path.is_file():
+            raise WorkshopError(f"no {path}; run the step that writes --out {out} first")
+        loaded[label] = json.loads(path.read_text())
+    if not loaded:
+        raise WorkshopError("step_comparison needs at least one run: {label: its --out directory}")
+    fig, (ax_epoch, ax_step, ax_spread) = _new_figure(ncols=3, width=4.4)
+    for label, m in loaded.items():
+        epochs = [row["epoch"] + 1 for row in m["history"]]
+        aucs = [row["dev_roc_auc"] for row in m["history"]]
+        (line,) = ax_epoch.plot(epochs, aucs, marker="o", label=label)
+        ax_step.plot(optimizer_steps(m), aucs, marker="o", color=line.get_color(), label=label)
+        if all("replica_spread" in row for row in m["history"]):
+            ax_spread.plot(epochs, [row["replica_spread"] for row in m["history"]], marker="o",
+                           color=line.get_color(), label=label)
+    ax_epoch.set(title="per epoch (equal passes over the data)", xlabel="epoch", ylabel="dev ROC AUC (rank 0)")
+    ax_step.set(title="per optimizer step", xlabel="optimizer steps (rank 0)", ylabel="dev ROC AUC (rank 0)")
+    ax_spread.set(title="replica spread", xlabel="epoch", ylabel="largest weight difference from rank 0")
+    for ax in (ax_epoch, ax_step, ax_spread):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig

@@ -12,11 +12,16 @@ from pathlib import Path
 
 import torch
 
-from workshop_lib.config import TrainConfig
+from workshop_lib.config import REPO_ROOT, TrainConfig
 from workshop_lib.distributed import DistEnv
 from workshop_lib.errors import WorkshopError
 from workshop_lib.metrics import write_metrics
 from workshop_lib.train import BestModel, EpochStats
+
+
+def shown(text: str | Path) -> str:
+    """``text`` with the repository's absolute path dropped: printed lines read the same on every machine."""
+    return str(text).replace(f"{REPO_ROOT}{os.sep}", "")
 
 
 def prepare_out_dir(out: Path) -> Path:
@@ -58,7 +63,7 @@ class Reporter:
             print(*args, flush=True)
 
     def start(self, n_train: int, n_dev: int, n_heldout: int, n_params: int, source: str) -> None:
-        self.print(f"data: {source}: {n_train} train / {n_dev} dev / {n_heldout} heldout molecules")
+        self.print(f"data: {shown(source)}: {n_train} train / {n_dev} dev / {n_heldout} heldout molecules")
         self.print(f"model: {n_params:,} parameters; batch {self.cfg.batch_size} per process x "
                    f"{self.world_size} process(es) = global batch {self.global_batch_size}")
 
@@ -139,5 +144,5 @@ class Reporter:
             self._writer.close()
         self.print(f"best epoch {best.epoch + 1}: dev ROC AUC {best.roc_auc:.4f}; heldout ROC AUC {heldout_roc_auc:.4f}")
         self.print(f"trained {self.train_seconds:.1f}s at {metrics['train_samples_per_second']:.0f} samples/s")
-        self.print(f"metrics: {path}")
+        self.print(f"metrics: {shown(path)}")
         return metrics

@@ -1,0 +1,45 @@
+# Generated from notebooks/05_when_it_hangs.ipynb by `python -m workshop_lib.build`: do not edit.
+# Edit the notebook's cells tagged script:hang2_uneven, then rebuild.
+"""A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
+
+    torchrun --nproc_per_node=2 solutions/hangN_....py --limit 447 --epochs 1 --batch-size 32
+"""
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from workshop_lib import hang_checks
+from workshop_lib.config import TrainConfig
+from workshop_lib.data import load_splits, make_eval_loader, make_loader
+from workshop_lib.hang_checks import replica_spread
+from workshop_lib.train import build_model, build_optimizer, evaluate, train_epoch
+
+
+def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
+    torch.manual_seed(cfg.seed)
+    splits = load_splits(cfg.data, limit=cfg.limit)
+    sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
+    loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
+    model = build_model(cfg, len(splits.tokenizer)).to(device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = DDP(model, device_ids=device_ids)
+    optimizer = build_optimizer(cfg, model)
+    for epoch in range(cfg.epochs):
+        loader.batch_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        stats = train_epoch(model, loader, optimizer, device)
+        spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
+        loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss
+        dist.all_reduce(loss)  # summed over the ranks
+        if rank == 0:
+            dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)
+            print(f"epoch {epoch + 1}/{cfg.epochs}  {stats.steps} steps  train loss {loss.item() / world_size:.4f}  "
+                  f"dev ROC AUC {dev_auc:.4f}  replica_spread {spread:g}", flush=True)
+    spread = replica_spread(model, world_size)
+    if rank == 0:
+        print(f"done: {stats.steps} steps per rank, replica_spread {spread:g}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(hang_checks.run(train))

@@ -1,0 +1,178 @@
+"""The figures the prose quotes agree with the stored outputs and with benchmarks/results/.
+
+Each claim names a cell (by notebook and cell id) or README.md, a pattern whose
+group is the number as the prose writes it, and where the number comes from.
+When a benchmark is re-run or a notebook re-executed and a figure moves, the
+test names the sentence to update. The stored outputs themselves must hold no
+absolute path of the machine they ran on, and no progress bar frozen at 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+
+import nbformat
+import pytest
+
+from workshop_lib.config import REPO_ROOT
+
+NOTEBOOKS = REPO_ROOT / "notebooks"
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+
+
+@cache
+def notebook(name: str):
+    return nbformat.read(NOTEBOOKS / name, as_version=4)
+
+
+def cell(name: str, cell_id: str):
+    found = [c for c in notebook(name).cells if c.get("id") == cell_id]
+    assert found, f"{name} has no cell {cell_id!r}: update the claim in tests/test_content.py"
+    return found[0]
+
+
+def output_text(c) -> str:
+    parts = []
+    for out in c.get("outputs", []):
+        parts.append("".join(out.get("text", "")))
+        parts.append("".join(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(parts)
+
+
+@cache
+def results() -> dict:
+    return json.loads((RESULTS / "results.json").read_text())
+
+
+def recipe(name: str, dataset: str) -> dict:
+    """The summary of one recipe job of the benchmark ("original"/"workshop", "B3DB (shipped)"/"BBBP.csv")."""
+    jobs = [j for j in results()["jobs"] if j["group"] == "recipe" and j["name"] == name and j["dataset"] == dataset]
+    assert len(jobs) == 1, f"results.json has {len(jobs)} '{name}' recipe jobs on {dataset}"
+    return jobs[0]["summary"]
+
+
+def ratio(start: str) -> float:
+    found = [v for k, v in results()["ratios"].items() if k.startswith(start)]
+    assert len(found) == 1, f"results.json has {len(found)} ratios starting {start!r}"
+    return found[0]
+
+
+def ddp_2x1_over_1x1(global_batch: int | None = None) -> float:
+    suffix = f" at global batch {global_batch}" if global_batch else ""
+    keys = [k for k in results()["ratios"]
+            if k.startswith("2 procs x 1 thread / 1 proc x 1 thread") and k.split(" (target")[0].endswith(suffix)]
+    return results()["ratios"][min(keys, key=len)] if keys else float("nan")
+
+
+@cache
+def lr_runs() -> dict:
+    return json.loads((RESULTS / "lr_scaling.json").read_text())
+
+
+def lr_mean_dev_range(nprocs: tuple[int, ...]) -> str:
+    """'lowest-highest' of the mean best dev ROC AUC over the rules, for these rank counts."""
+    means = [sum(r["dev_roc_auc"]) / len(r["dev_roc_auc"]) for r in lr_runs()["runs"] if r["nprocs"] in nprocs]
+    return f"{min(means):.3f}-{max(means):.3f}"
+
+
+def lr_minutes() -> str:
+    """Wall minutes of the distinct runs (rules that give the same lr share a run)."""
+    seen = {(r["nprocs"], round(r["lr"], 12)): sum(r["wall_seconds"]) for r in lr_runs()["runs"]}
+    return f"{sum(seen.values()) / 60:.0f}"
+
+
+def memory_row(model: str) -> list[float]:
+    """The GiB figures of one row of notebook 04's memory table (stored output of cell e17b0a34)."""
+    text = output_text(cell("04_beyond.ipynb", "e17b0a34"))
+    line = next(ln for ln in text.splitlines() if ln.startswith(model))
+    return [float(x) for x in re.findall(r"([\d.]+) GiB", line)]
+
+
+def slots_ratio(kind: str) -> float:
+    """Token slots per real token of random or bucketed batches (stored output of notebook 04's cell nb04-7b)."""
+    text = output_text(cell("04_beyond.ipynb", "nb04-7b"))
+    return float(re.search(rf"{kind} batches of 64\s*: [\d,]+ token slots computed, ([\d.]+)x", text).group(1))
+
+
+# (where, pattern with one group: the number as written, the true value formatted as the prose should write it)
+Claim = tuple[str, str, Callable[[], str]]
+CLAIMS: list[Claim] = [
+    ("00_baseline.ipynb#nb00-22", r"reaches a heldout ROC AUC of (0\.\d+)",
+     lambda: f"{recipe('workshop', 'B3DB (shipped)')['heldout_roc_auc']:.3f}"),
+    ("03_ddp.ipynb#nb03-27c", r"measured (\d+\.\d+)x at the default global batch",
+     lambda: f"{ddp_2x1_over_1x1():.2f}"),
+    ("03_ddp.ipynb#nb03-27c", r"the measured speed-up of 2 processes over 1 was (\d+\.\d)x",
+     lambda: f"{ddp_2x1_over_1x1(512):.1f}"),
+    ("04_beyond.ipynb#nb04-7a", r"reaches a heldout ROC AUC of (0\.\d+) \(0\.848 published\)",
+     lambda: f"{recipe('original', 'BBBP.csv')['heldout_roc_auc']:.3f}"),
+    ("04_beyond.ipynb#nb04-7a", r"takes about (\d+) s from start to exit",
+     lambda: f"{recipe('workshop', 'BBBP.csv')['wall_seconds']:.0f}"),
+    ("04_beyond.ipynb#nb04-7a", r"from start to exit and reaches (0\.\d+)",
+     lambda: f"{recipe('workshop', 'BBBP.csv')['heldout_roc_auc']:.3f}"),
+    ("04_beyond.ipynb#nb04-7a", r"took (\d+\.\d)x the wall time of step 3 on BBBP",
+     lambda: f"{ratio('BBBP.csv: original wall / workshop wall'):.1f}"),
+    ("04_beyond.ipynb#nb04-7a", r"trains on BBBP for about (\d+) minutes",
+     lambda: f"{recipe('original', 'BBBP.csv')['wall_seconds'] / 60:.0f}"),
+    ("04_beyond.ipynb#c3d6bed8", r"needs (\d+) GiB per rank under DDP", lambda: f"{memory_row('7B')[0]:.0f}"),
+    ("04_beyond.ipynb#c3d6bed8", r"\((\d+) GiB with the bucket view\)", lambda: f"{memory_row('7B')[1]:.0f}"),
+    ("04_beyond.ipynb#c3d6bed8", r"Sharded over 8 GPUs it needs (\d+) GiB each", lambda: f"{memory_row('7B')[2]:.0f}"),
+    ("03_ddp.ipynb#nb03-c10-lr-read", r"end at a mean best dev ROC AUC of (\d\.\d+-\d\.\d+) whatever the rule",
+     lambda: lr_mean_dev_range((4,))),
+    ("03_ddp.ipynb#nb03-c10-lr-read", r"against (\d\.\d+-\d\.\d+) on 1 and 2 ranks", lambda: lr_mean_dev_range((1, 2))),
+    ("03_ddp.ipynb#nb03-c10-lr-md", r"That took about (\d+) minutes of runs", lr_minutes),
+    ("04_beyond.ipynb#nb04-7d", r"bucketed ones (\d\.\d)", lambda: f"{slots_ratio('bucketed'):.1f}"),
+    ("04_beyond.ipynb#nb04-7d", r"random batches compute (\w+) padded slots for every real token",
+     lambda: {2: "two", 3: "three", 4: "four"}.get(round(slots_ratio("random")), "?")),
+    ("README.md", r"solutions/step3_ddp.py`: ~(\d+) s, heldout ROC AUC",
+     lambda: f"{recipe('workshop', 'B3DB (shipped)')['wall_seconds']:.0f}"),
+    ("README.md", r"solutions/step3_ddp.py`: ~\d+ s, heldout ROC AUC (0\.\d+)",
+     lambda: f"{recipe('workshop', 'B3DB (shipped)')['heldout_roc_auc']:.3f}"),
+]
+
+
+def prose(where: str) -> str:
+    if where == "README.md":
+        return (REPO_ROOT / "README.md").read_text()
+    name, cell_id = where.split("#")
+    return cell(name, cell_id).source
+
+
+@pytest.mark.parametrize(("where", "pattern", "truth"), CLAIMS, ids=[f"{w} {p[:40]}" for w, p, _ in CLAIMS])
+def test_prose_figure_matches_its_source(where, pattern, truth):
+    found = re.findall(pattern, prose(where))
+    assert len(found) == 1, f"{where}: the sentence /{pattern}/ is gone or repeated; update tests/test_content.py"
+    assert found[0] == truth(), (f"{where} says {found[0]} where the source of truth gives {truth()}: "
+                                 f"update the sentence /{pattern}/")
+
+
+def test_claim_patterns_would_catch_a_drift():
+    """The check is not vacuous: a sentence with another number fails it."""
+    where, pattern, truth = CLAIMS[0]
+    drifted = re.sub(pattern, lambda m: m.group(0).replace(m.group(1), "0.111"), prose(where))
+    assert re.findall(pattern, drifted) == ["0.111"] != [truth()]
+
+
+def _stored_outputs():
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
+        for c in notebook(path.name).cells:
+            if c.cell_type == "code":
+                yield path.name, c.get("id"), output_text(c)
+
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>])/(?:home|Users|work|root|tmp|private|var/folders|mnt)/[^\s'\"]+")
+
+
+def test_stored_outputs_hold_no_absolute_paths():
+    found = [f"{name} cell {cid}: {m.group(0)}" for name, cid, text in _stored_outputs()
+             for m in ABSOLUTE_PATH.finditer(text)]
+    assert not found, ("stored outputs show paths of the machine they ran on (print paths relative to the repository, "
+                       "then re-execute the notebook):\n" + "\n".join(found[:10]))
+
+
+def test_stored_progress_bars_show_their_final_state():
+    frozen = [f"{name} cell {cid}: {line.strip()}" for name, cid, text in _stored_outputs()
+              for line in text.splitlines() if re.search(r"\|\s*0/\d+\s*\[", line)]
+    assert not frozen, "progress bars stored before they moved (re-execute these notebooks):\n" + "\n".join(frozen)

@@ -1,0 +1,118 @@
+"""The exercise check of notebook 04: a training loop that accumulates gradients with ``no_sync``.
+
+Same contract as ``workshop_lib.checks``: a tick line when the learner's
+function works, else CheckFailed with one line naming the mistake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from workshop_lib.checks import CheckFailed, _passed
+
+LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
+
+
+def _weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
+    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = DDP(SmilesLSTM(vocab, dropout=0.0))  # no dropout: the weights can be compared exactly
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    allreduces = []
+
+    def counting_hook(state, bucket):  # DDP calls it for each bucket it all-reduces
+        if bucket.index() == 0:
+            allreduces.append(1)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    try:
+        train_accumulating(model, optimizer, batches_of(env.rank), accum)
+    except NotImplementedError:
+        return "todo", None, None
+    except Exception as err:  # any mistake becomes the check's one line
+        first = (str(err).splitlines() or [""])[0]
+        return "error", f"{type(err).__name__}: {first}", None
+    return "ok", len(allreduces), _weights(model.module)
+
+
+def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
+               zero_grad: bool = True) -> torch.Tensor:
+    """One process, one SGD step per big batch (all ranks' k-th group of micro-batches together)."""
+    import torch.nn.functional as F
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = SmilesLSTM(vocab, dropout=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    per_rank = [batches_of(r) for r in range(nprocs)]
+    for start in range(0, len(per_rank[0]), accum):
+        group = [b for rank in per_rank for b in rank[start:start + accum]]
+        n = sum(len(b.labels) for b in group)
+        loss = sum(F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels, reduction="sum")
+                   for b in group) / n
+        (loss * scale).backward()
+        optimizer.step()
+        if zero_grad:
+            optimizer.zero_grad()
+    return _weights(model)
+
+
+def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int = 4,
+                 nprocs: int = 2, timeout: float = 90) -> None:
+    """Run ``train_accumulating(model, optimizer, batches, accum)`` on ``nprocs`` forked ranks.
+
+    ``batches_of(rank)`` gives that rank's micro-batches (a multiple of
+    ``accum``, all the same size). Afterwards every rank must hold the weights
+    of one process that took one SGD step per group of ``accum`` micro-batches
+    of every rank, as one big batch, and DDP must have all-reduced once per step.
+    """
+    from workshop_lib import forklaunch
+
+    ranks = forklaunch.notebook_launch(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum,
+                                       timeout=timeout)
+    status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
+    if status == "todo":
+        raise CheckFailed("train_accumulating still raises NotImplementedError: fill in its TODO and run its cell again")
+    if status == "error":
+        raise CheckFailed(f"train_accumulating raised {detail}")
+    n_batches = len(batches_of(0))
+    steps = n_batches // accum
+    count = ranks[0][1]
+    weights = [r[2] for r in ranks]
+    if any(not torch.equal(w, weights[0]) for w in weights):
+        if count == 0:
+            raise CheckFailed("the replicas drifted apart with 0 all-reduces: the last micro-batch of each step must "
+                              "run its forward and backward outside model.no_sync()")
+        raise CheckFailed("the replicas drifted apart: a step used gradients that were not all-reduced; only the last "
+                          "micro-batch before each optimizer.step() may run outside model.no_sync()")
+    if count == n_batches:
+        raise CheckFailed(f"{count} all-reduces for {n_batches} micro-batches: run the forward and backward of all but "
+                          "the last micro-batch of each step inside `with model.no_sync():` (the forward too)")
+    if count != steps:
+        raise CheckFailed(f"{count} all-reduces for {steps} optimizer steps: exactly one backward per step, the last "
+                          "before optimizer.step(), must run outside model.no_sync()")
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum), atol=1e-5):
+        _passed(f"train_accumulating: {steps} steps of {accum} micro-batches x {nprocs} ranks, {count} all-reduces, "
+                "and the weights of one process stepping on the big batches")
+        return
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum, scale=accum), atol=1e-5):
+        raise CheckFailed(f"each step moved {accum}x too far: divide every micro-batch's loss by accum ({accum}), "
+                          "so that the accumulated gradient is the mean over the big batch")
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum, zero_grad=False), atol=1e-5):
+        raise CheckFailed("each step also added the previous steps' gradients: call optimizer.zero_grad() after "
+                          "every optimizer.step()")
+    raise CheckFailed(f"the weights differ from {steps} steps of one process on the big batches: step and zero the "
+                      f"gradients once every {accum} micro-batches, after the last one's backward")

@@ -1,0 +1,216 @@
+"""The hang lab of notebooks/05_when_it_hangs.ipynb: the scripts' start and end, broken runs, checks.
+
+Each lab script (cells tagged ``script:hangN_...`` in notebook 05) is a small
+step 3 whose ``train()`` holds one classic bug. Its solution (solutions/) is the
+fixed version; :func:`write_broken` puts the bug back, from :data:`LABS`, into
+runs/hangs/. :func:`run_broken` launches that under torchrun with a short
+timeout and prints what a learner reads: the watch's diagnosis and each rank's
+error. :func:`check_fix` launches the learner's own version and says whether
+the fix holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from workshop_lib import hangwatch
+from workshop_lib.build import MINE, SOLUTIONS, write_script
+from workshop_lib.config import REPO_ROOT, TrainConfig, build_parser, parse_config
+from workshop_lib.distributed import read_launch_env
+from workshop_lib.errors import WorkshopError
+from workshop_lib.launch import LaunchError, _kill_tree, torchrun
+
+NOTEBOOK = "05_when_it_hangs.ipynb"
+BROKEN = REPO_ROOT / "runs" / "hangs"
+ARGS = ("--limit", "447", "--epochs", "1", "--timeout", "8", "--no-tensorboard")  # 321 molecules to train on
+JOB_TIMEOUT = 120.0  # seconds before launch.torchrun stops a lab job (start-up on a busy laptop included)
+
+
+@dataclass(frozen=True)
+class Lab:
+    name: str  # the script: solutions/NAME.py, exercises/NAME.py
+    fixed: str  # the line of the solution that the bug replaces (stripped)
+    broken: str  # the line that replaces it in the broken version
+    batch_size: int  # 32: 161 and 160 molecules make 6 and 5 batches when the shards are uneven
+
+
+LABS = {lab.name: lab for lab in (
+    Lab("hang1_rank0_only", "spread = replica_spread(model, world_size)  # an all_gather: every rank takes part",
+        "spread = replica_spread(model, world_size) if rank == 0 else None  # only rank 0 prints it", 32),
+    Lab("hang2_uneven", "sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)",
+        "sampler = range(rank, len(splits.train), world_size)  # every world_size-th molecule", 32),
+    Lab("hang3_shapes", "loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss",
+        "loss = torch.tensor([stats.loss, stats.samples] if rank == 0 else [stats.loss], device=device)", 32),
+    Lab("hang4_batchnorm_eval", "dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)",
+        "dev_auc = evaluate(model, make_eval_loader(splits.dev), device)", 48),
+    Lab("hang5_unused", "model = DDP(model, device_ids=device_ids, find_unused_parameters=True)",
+        "model = DDP(model, device_ids=device_ids)", 32),
+)}
+
+
+# ----------------------------------------------------------------- inside the lab scripts
+
+
+def replica_spread(model: torch.nn.Module, world_size: int) -> float:
+    """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree). An all_gather."""
+    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
+    everyone = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(everyone, mine)
+    return max((w - everyone[0]).abs().max().item() for w in everyone)
+
+
+def main(train: Callable[[TrainConfig, int, int, torch.device], None], argv: Sequence[str] | None = None) -> None:
+    """A lab script's start and end: join the group, watch it, call ``train(cfg, rank, world_size, device)``, leave."""
+    cfg = parse_config(build_parser("a hang-lab script of notebooks/05_when_it_hangs.ipynb"), argv)
+    launch = read_launch_env()
+    device = torch.device("cuda", launch.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout))
+    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting 4 s (of 8): who is missing, where
+    try:
+        train(cfg, launch.rank, launch.world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(train: Callable) -> int:
+    """The ``__main__`` of a lab script."""
+    from workshop_lib.cli import run_cli
+
+    return run_cli(lambda argv: main(train, argv))
+
+
+# ----------------------------------------------------------------- in the notebook
+
+
+def _lab(name: str) -> Lab:
+    if name not in LABS:
+        raise WorkshopError(f"no hang lab named {name!r}; pick one of {', '.join(LABS)}")
+    return LABS[name]
+
+
+def write_broken(name: str, source: Path | None = None) -> Path:
+    """The lab's solution with its bug put back, as runs/hangs/NAME.py (``source``: another fixed version)."""
+    lab = _lab(name)
+    text = Path(source or SOLUTIONS / f"{name}.py").read_text()
+    lines = text.splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.strip() == lab.fixed]
+    assert len(hits) == 1, f"{name}: expected the line {lab.fixed!r} once in the solution, found it {len(hits)} times"
+    indent = lines[hits[0]][: len(lines[hits[0]]) - len(lines[hits[0]].lstrip())]
+    lines[hits[0]] = f"{indent}{lab.broken}\n"
+    BROKEN.mkdir(parents=True, exist_ok=True)
+    out = BROKEN / f"{name}.py"
+    out.write_text("".join(lines).replace("# Generated from", "# The broken version of the lab, generated from", 1))
+    return out
+
+
+def _launch(script: Path, lab: Lab, timeout: float) -> tuple[bool, list[str]]:
+    """(finished, every rank's lines) of one lab job; the command is printed, nothing else."""
+    try:
+        result = torchrun(script, nproc=2, args=[*ARGS, "--batch-size", lab.batch_size], out=False,
+                          timeout=timeout, progress=False, show=None)
+        return True, result.output
+    except LaunchError as err:
+        return False, err.output
+
+
+_ERROR = re.compile(r"^\[rank (\d)\] \[rank\d\]: (\w+(?:Error|Exception)): (.*)$")
+
+
+def errors(output: Sequence[str]) -> dict[int, str]:
+    """{rank: the first line of the exception that ended it} (C++ source locations cut)."""
+    found: dict[int, str] = {}
+    for line in output:
+        m = _ERROR.match(line)
+        if m and int(m.group(1)) not in found:
+            text = re.sub(r"^\[[^\]]*\] ", "", m.group(3))
+            found[int(m.group(1))] = f"{m.group(2)}: {text.split('. ')[0][:150]}"
+    return found
+
+
+def diagnosis(output: Sequence[str]) -> list[str]:
+    """The watch's block, without the rank labels."""
+    return [line.split(hangwatch.PREFIX, 1)[1] for line in output if hangwatch.PREFIX in line]
+
+
+def run_broken(name: str, timeout: float = JOB_TIMEOUT) -> list[str]:
+    """Launch the broken version of lab ``name`` on 2 ranks; print the diagnosis and how each rank ended.
+
+    Returns every line the ranks printed.
+    """
+    lab = _lab(name)
+    finished, output = _launch(write_broken(name), lab, timeout)
+    print("the job finished (was the bug fixed in the solution too?)" if finished else "the job failed.")
+    block = diagnosis(output)
+    if block:
+        print("\n".join(["hangwatch says:", *(f"  {line}" for line in block)]))
+    for rank, error in sorted(errors(output).items()):
+        print(f"rank {rank} ended with {error}")
+    return output
+
+
+def check_fix(name: str, script: Path | None = None, timeout: float = JOB_TIMEOUT) -> bool:
+    """Run your version of lab ``name`` (written from this notebook's cells as you ran them); ✓ if it finishes."""
+    lab = _lab(name)
+    if script is None:
+        script = write_script(NOTEBOOK, name) if Path(NOTEBOOK).is_file() else MINE / f"{name}.py"
+    text = Path(script).read_text()
+    if "NotImplementedError" in text:
+        print(f"✗ {Path(script).name} still raises NotImplementedError: replace it with your fix and run the cell")
+        return False
+    if lab.broken in text:
+        print(f"✗ the bug is still there: {lab.broken}")
+        return False
+    finished, output = _launch(Path(script), lab, timeout)
+    if finished:
+        last = [line for line in output if line.startswith("[rank 0] ")][-1:]
+        print(f"✓ the job finished on both ranks: {last[0][len('[rank 0] '):] if last else '(no output)'}")
+        return True
+    print("✗ the job still fails:")
+    for line in diagnosis(output)[:3]:
+        print(f"  {line}")
+    for rank, error in sorted(errors(output).items()):
+        print(f"  rank {rank} ended with {error}")
+    sys.stdout.flush()
+    return False
+
+
+@contextlib.contextmanager
+def background(name: str, pg_timeout: float = 60.0, wait: float = 90.0):
+    """The broken lab ``name`` running under torchrun in the background until its ranks are stuck; stopped after.
+
+    Yields the torchrun process (``.pid``); its ranks' output goes to a log file (``.log``).
+    """
+    lab = _lab(name)
+    args = [a if a != ARGS[ARGS.index("--timeout") + 1] else str(pg_timeout) for a in ARGS]
+    log = Path(tempfile.mkdtemp(prefix="hang-")) / "job.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(write_broken(name)), *args, "--batch-size", str(lab.batch_size), "--no-progress"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    proc.log = log
+    try:
+        deadline = time.monotonic() + wait
+        while hangwatch.PREFIX not in log.read_text():  # the watch has spoken: the ranks are stuck
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text()[-2000:]
+                raise WorkshopError(f"the background job did not get stuck as expected; its output:\n{tail}")
+            time.sleep(0.5)
+        yield proc
+    finally:
+        _kill_tree(proc)

@@ -1,0 +1,96 @@
+"""The diagnosis that hangwatch prints: who never arrived, and where each rank is.
+
+:func:`diagnosis` turns every rank's answer (its main thread's stack, the
+collective it is in, the ones it entered before; JSON, through the rendezvous
+store) into the short block that the waiting rank prints. Pure functions of
+the answers, so the wording is tested without starting processes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StuckCall(Protocol):
+    """The collective a rank is stuck in (hangwatch.Call)."""
+
+    op: str
+    seq: int
+    tensors: str
+    where: str
+
+    def name(self) -> str: ...
+
+
+def _at(answer: dict) -> str:
+    frames = answer["frames"]
+    return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
+
+
+def diagnosis(rank: int, call: StuckCall, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
+    """The lines that explain ``call`` stuck on ``rank``, from every rank's answer."""
+    lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
+    missing = []
+    for r in range(world_size):
+        if r == rank:
+            continue
+        a = answers.get(r)
+        if a is None:
+            missing.append(r)
+            lines.append(f"rank {r} did not answer: it exited, crashed, or is stuck where Python cannot run")
+            continue
+        cur, last = a["current"], a["last"]
+        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else "it has entered no collective yet"
+        if a.get("left"):
+            missing.append(r)
+            lines.append(f"rank {r} has left the job (it called destroy_process_group); {last_text}")
+        elif cur and cur["op"] == call.op and cur["seq"] == call.seq:
+            if cur["tensors"] != call.tensors:
+                missing.append(r)
+                lines.append(f"rank {r} is in {call.name()} too, but with {cur['tensors']} where rank {rank} has "
+                             f"{call.tensors}: every rank must pass the same shape and dtype")
+            else:
+                lines.append(f"rank {r} is in {call.name()} too ({_at(a)})")
+        elif cur and cur["op"] == "backward":
+            missing.append(r)
+            lines.append(f"rank {r} never entered {call.name()}: it is in loss.backward(), where DDP all-reduces the "
+                         f"gradients ({_at(a)}); {last_text}")
+        elif cur:
+            missing.append(r)
+            lines.append(f"rank {r} is in {cur['op']} #{cur['seq']} ({cur['tensors']}) at {cur['where']}, not in "
+                         f"{call.name()}: the ranks called different collectives")
+        else:
+            missing.append(r)
+            lines.append(f"rank {r} never entered {call.name()}: it is in {_at(a)}, not in a collective; {last_text}")
+    if missing:
+        lines.insert(1, f"never arrived: rank {', '.join(map(str, missing))}")
+    first = _first_difference(answers)
+    if first:
+        lines.append(first)
+    lines.append("where each rank is, outermost frame first:")
+    for r in sorted(answers):
+        frames = answers[r]["frames"][-4:]
+        chain = " > ".join(f"{f}:{n} {fn}()" for f, n, fn, _ in frames) or "?"
+        inner = answers[r]["inner"]
+        lines.append(f"  rank {r}: {chain}" + (f" > torch {inner}()" if inner else ""))
+        if frames and frames[-1][3]:
+            lines.append(f"      {frames[-1][0]}:{frames[-1][1]}: {frames[-1][3]}")
+    return lines
+
+
+def _first_difference(answers: dict[int, dict]) -> str | None:
+    """'the ranks' collectives first differ at #n: rank 0 all_gather at f.py:9, rank 1 all_reduce at f.py:7'."""
+    by_seq: dict[int, dict[int, dict]] = {}
+    for r, a in answers.items():
+        for c in a.get("history", []):
+            by_seq.setdefault(c["seq"], {})[r] = c
+    for seq in sorted(by_seq):
+        calls = by_seq[seq]
+        if len(calls) < len(answers):
+            continue  # older than some rank's memory, or not entered by every rank yet
+        if len({(c["op"], c["tensors"], c["where"]) for c in calls.values()}) > 1:
+            each = ", ".join(f"rank {r} {c['op']} ({c['tensors']}) at {c['where']}" for r, c in sorted(calls.items()))
+            return f"the ranks' collectives first differ (op, tensors or call site) at #{seq}: {each}"
+    return None
+
+

@@ -1,0 +1,310 @@
+"""A scaling model for data-parallel training: how fast N ranks go, and why.
+
+One optimizer step on N data-parallel ranks costs
+
+    compute at the per-rank batch (x the slow-down of ranks that share a machine)
+  + the part of the gradient all-reduce that backward does not hide
+  + the wait for the slowest rank.
+
+The all-reduce is the bandwidth-optimal ring (reduce-scatter, then all-gather):
+2(N-1) steps, each of about alpha + (S/N)/beta for S bytes of gradients. Its
+cost, and the binomial tree's 2*ceil(log2 N)*(alpha + S/beta), are from Thakur,
+Rabenseifner & Gropp, "Optimization of collective communication operations in
+MPICH", IJHPCA 19(1), 2005. Summed, the ring moves 2(N-1)/N * S bytes through
+each rank; that factor is how the NCCL tests turn an all-reduce's time into
+its "bus bandwidth" (nccl-tests, doc/PERFORMANCE.md: busBw = algBw * 2(n-1)/n),
+so ``beta`` here is comparable with a bus bandwidth, or with a link's one-way
+bandwidth. Across many nodes NCCL also uses double binary trees, which keep
+that bandwidth with a latency that grows as log2 N (NVIDIA developer blog,
+"Massively scale your deep learning training with NCCL 2.4", 2019);
+``"double-tree"`` models that as 2*ceil(log2 N)*alpha + 2(N-1)/N * S/beta.
+
+Starting the all-reduce of early gradient buckets while backward still runs is
+what Horovod (Sergeev & Del Balso, "Horovod: fast and easy distributed deep
+learning in TensorFlow", arXiv:1802.05799, 2018) and PyTorch DDP do;
+``overlap`` is the share of backward that can hide it. This workshop's LSTM
+fits in one DDP bucket, whose all-reduce starts only when backward ends:
+overlap 0.
+
+Inputs are measured (``scaling_measure``: this model on this machine) or
+published (``WORKLOADS`` and ``LINKS`` below, each with its source). Nothing
+here imports torch; everything is plain arithmetic, so a notebook's sliders
+can call it thousands of times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from workshop_lib.errors import WorkshopError
+
+MiB = 1024 * 1024
+BACKWARD_SHARE = 2 / 3  # backward costs about twice forward: the part of compute an all-reduce can hide behind
+DDP_BUCKET_BYTES = 25 * MiB  # DistributedDataParallel's default bucket_cap_mb
+
+
+# ------------------------------------------------------------------------ the all-reduce
+
+
+def allreduce_seconds(nbytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring",
+                      buckets: int = 1) -> float:
+    """Seconds to all-reduce ``nbytes`` over ``n`` ranks, sent as ``buckets`` messages (latency alpha, bandwidth beta).
+
+    ring: 2(n-1) steps of alpha + (nbytes/n)/beta; tree: 2*ceil(log2 n) steps of alpha + nbytes/beta
+    (Thakur, Rabenseifner & Gropp 2005); double-tree: the tree's latency with the ring's bandwidth
+    term. Each bucket pays the latency; the bytes are paid once.
+    """
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (n - 1) * (alpha * buckets + nbytes / n / beta)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(n)) * (alpha * buckets + nbytes / beta)
+    if algorithm == "double-tree":
+        return 2 * math.ceil(math.log2(n)) * alpha * buckets + 2 * (n - 1) * nbytes / n / beta
+    raise WorkshopError(f"unknown all-reduce algorithm {algorithm!r}; use 'ring', 'tree' or 'double-tree'")
+
+
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], n: int = 2) -> tuple[float, float]:
+    """(alpha, beta) of the ring model from all-reduce timings of several message sizes on ``n`` ranks.
+
+    The ring's time is linear in the size, t = 2(n-1)*alpha + 2(n-1)/n * S/beta, so this is a
+    straight-line fit; it is weighted by 1/t so that the small messages (which set alpha) count as
+    much as the large ones (which set beta).
+    """
+    if n < 2 or len(nbytes) != len(seconds) or len(set(nbytes)) < 2:
+        raise WorkshopError("fit_alpha_beta needs timings of at least 2 message sizes on 2 or more ranks")
+    w = [1 / t for t in seconds]
+    sw = sum(x * x for x in w)
+    xs, ys = [s * k for s, k in zip(nbytes, w, strict=True)], [t * k for t, k in zip(seconds, w, strict=True)]
+    # weighted least squares of t = a + b*S: minimise sum((w*t - a*w - b*w*S)^2)
+    sxx = sum(x * x for x in xs)
+    sxw = sum(x * k for x, k in zip(xs, w, strict=True))
+    sy, sxy = sum(y * k for y, k in zip(ys, w, strict=True)), sum(x * y for x, y in zip(xs, ys, strict=True))
+    det = sw * sxx - sxw * sxw
+    a, b = (sy * sxx - sxw * sxy) / det, (sw * sxy - sxw * sy) / det
+    a, b = max(a, 0.0), max(b, 1e-15)  # noise can tip a line through tiny timings below zero
+    return a / (2 * (n - 1)), 2 * (n - 1) / n / b
+
+
+# ---------------------------------------------------------------------------- compute
+
+
+@dataclass(frozen=True)
+class ComputeCurve:
+    """Seconds of one training step (forward, backward, optimizer) against the per-rank batch, one rank alone.
+
+    Between measured batches it interpolates linearly; above them it extends the last segment, below
+    them it scales the first point in proportion to the batch (so it never reaches zero).
+    """
+
+    batches: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self):
+        if not self.batches or len(self.batches) != len(self.seconds) or min(self.seconds) <= 0:
+            raise WorkshopError("ComputeCurve needs one positive step time per batch size")
+        order = sorted(range(len(self.batches)), key=self.batches.__getitem__)
+        object.__setattr__(self, "batches", tuple(float(self.batches[i]) for i in order))
+        object.__setattr__(self, "seconds", tuple(float(self.seconds[i]) for i in order))
+
+    def __call__(self, batch: float) -> float:
+        return interpolate(self.batches, self.seconds, batch, proportional_below=True)
+
+    def linear(self) -> tuple[float, float]:
+        """Least-squares (seconds per step, seconds per sample): the fixed and the per-sample cost."""
+        n = len(self.batches)
+        if n == 1:
+            return 0.0, self.seconds[0] / self.batches[0]
+        mb, mt = sum(self.batches) / n, sum(self.seconds) / n
+        slope = (sum((b - mb) * (t - mt) for b, t in zip(self.batches, self.seconds, strict=True))
+                 / sum((b - mb) ** 2 for b in self.batches))
+        return mt - slope * mb, slope
+
+
+def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, proportional_below: bool = False) -> float:
+    """Piecewise-linear y(x) through sorted points; the last segment extended above them, and below them
+    the first y (or, with ``proportional_below``, the first point scaled in proportion to x)."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0] * x / xs[0] if proportional_below else ys[0]
+    i = len(xs) - 1 if x >= xs[-1] else next(k for k in range(1, len(xs)) if x <= xs[k])
+    return max(ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]), 0.0)
+
+
+# ----------------------------------------------------------------- workloads and links
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model to scale: its gradient size and its compute per step."""
+
+    name: str
+    params: float  # trainable parameters (= gradient elements all-reduced per step)
+    compute: ComputeCurve  # one rank alone; micro-batch -> seconds
+    batch: int  # per-rank micro-batch the projections use by default
+    accumulation: int = 1  # micro-batches per all-reduce (gradient accumulation with no_sync)
+    grad_bytes: int = 4  # bytes per gradient element (float32; DDP all-reduces the grads' dtype)
+    bucket_bytes: float = DDP_BUCKET_BYTES  # gradients are all-reduced in buckets of this size
+    source: str = ""
+
+    @property
+    def nbytes(self) -> float:
+        return self.params * self.grad_bytes
+
+    @property
+    def buckets(self) -> int:
+        return max(1, math.ceil(self.nbytes / self.bucket_bytes))
+
+    def scaled(self, params: float) -> Workload:
+        """The same workload with ``params`` parameters and compute scaled in proportion (FLOPs ~ parameters)."""
+        f = params / self.params
+        return replace(self, params=params, compute=ComputeCurve(self.compute.batches,
+                                                                 tuple(t * f for t in self.compute.seconds)))
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect: all-reduce latency per step (s) and bandwidth per rank (bytes/s, one way)."""
+
+    name: str
+    alpha: float
+    beta: float
+    max_ranks: int
+    source: str = ""
+    node: Link | None = None  # within a node of ``node_size`` ranks the ring runs over this link instead
+    node_size: int = 1
+    algorithm: str = "ring"  # see allreduce_seconds
+
+    def at(self, n: int) -> Link:
+        return self.node if self.node is not None and n <= self.node_size else self
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step on ``n`` ranks, in seconds, split into the model's terms."""
+
+    n: int
+    samples: int  # per rank per optimizer step (micro-batch x accumulation)
+    compute: float
+    allreduce: float  # the whole all-reduce
+    exposed: float  # the part backward did not hide
+    straggler: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.exposed + self.straggler
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.n * self.samples / self.seconds
+
+
+def step(work: Workload, link: Link, n: int, batch: float | None = None, overlap: float = 0.0,
+         accumulation: int | None = None, contention: float = 1.0, straggler: float = 0.0) -> Step:
+    """The model: one optimizer step of ``work`` on ``n`` ranks over ``link``.
+
+    ``contention`` multiplies compute when n > 1 (ranks sharing one machine's memory and caches);
+    ``straggler`` is the seconds a step waits for the slowest rank (n > 1).
+    """
+    if not 0 <= overlap <= 1:
+        raise WorkshopError(f"overlap {overlap} is not a share; use a value from 0 to 1")
+    batch = work.batch if batch is None else batch
+    accumulation = work.accumulation if accumulation is None else accumulation
+    micro = work.compute(batch) * (contention if n > 1 else 1.0)
+    at = link.at(n)
+    ar = allreduce_seconds(work.nbytes, n, at.alpha, at.beta, at.algorithm, work.buckets)
+    hidden = min(ar, overlap * BACKWARD_SHARE * micro)  # only the last micro-batch's backward all-reduces
+    return Step(n, round(batch * accumulation), micro * accumulation, ar, ar - hidden, straggler if n > 1 else 0.0)
+
+
+def ranks(max_ranks: int, start: int = 1) -> list[int]:
+    """1, 2, 4, ... up to ``max_ranks``."""
+    return [2**i for i in range(int(math.log2(max_ranks)) + 1) if 2**i >= start]
+
+
+def project(work: Workload, link: Link, ns: Sequence[int] | None = None, global_batch: float | None = None,
+            **kw) -> list[dict]:
+    """Samples/s, speed-up over 1 rank and efficiency (speed-up / N) for each N.
+
+    By default each rank keeps its batch (the global batch grows with N); with ``global_batch`` the
+    global batch is fixed and each of N ranks gets 1/N of it.
+    """
+    if global_batch is not None:
+        kw["batch"] = global_batch
+    one = step(work, link, 1, **kw).samples_per_second
+    rows = []
+    for n in ns or ranks(link.max_ranks):
+        if global_batch is not None:
+            kw["batch"] = global_batch / n
+        s = step(work, link, n, **kw)
+        rows.append({"n": n, "samples_per_second": s.samples_per_second, "speedup": s.samples_per_second / one,
+                     "efficiency": s.samples_per_second / one / n, "compute_s": s.compute,
+                     "allreduce_s": s.allreduce, "exposed_s": s.exposed})
+    return rows
+
+
+# ------------------------------------------------------------- published figures
+
+# Parameter counts are torchvision's / Hugging Face's. Compute per step comes from a published
+# throughput at the batch named; see each source.
+WORKLOADS = {
+    "ResNet-50": Workload(
+        "ResNet-50", 25_557_032, ComputeCurve((256,), (256 / 2470,)), batch=256,
+        source="NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5 README: 2470 img/s on 1 A100 80GB, "
+               "mixed precision, batch 256 per GPU"),
+    "GPT-2 124M": Workload(
+        "GPT-2 124M", 124_439_808, ComputeCurve((12,), (4 * 86400 * 8 / (600_000 * 40),)), batch=12,
+        accumulation=5,
+        source="nanoGPT README and config/train_gpt2.py: GPT-2 124M in about 4 days on 8 A100 40GB, "
+               "600,000 steps of 40 micro-batches of 12 x 1024 tokens (5 micro-batches per GPU per all-reduce)"),
+}
+
+GBIT = 1e9 / 8
+NVLINK = Link("8 GPUs, NVLink (H100)", alpha=5e-6, beta=450e9, max_ranks=8,
+              source="NVIDIA H100 SXM datasheet: NVLink 900 GB/s per GPU, both directions together; "
+                     "alpha is an assumed few microseconds")
+LINKS = {
+    "NVLink, 8 GPUs": NVLINK,
+    "InfiniBand NDR, nodes of 8": Link(
+        "InfiniBand NDR 400 Gb/s per GPU, nodes of 8 on NVLink", alpha=10e-6, beta=400 * GBIT, max_ranks=1024,
+        source="NVIDIA DGX H100: one 400 Gb/s ConnectX-7 (NDR) port per GPU; alpha is an assumed 10 microseconds",
+        node=NVLINK, node_size=8, algorithm="double-tree"),
+    "Ethernet 25 Gb/s, nodes of 8": Link(
+        "Ethernet 25 Gb/s per node, nodes of 8 on NVLink", alpha=10e-6, beta=25 * GBIT, max_ranks=1024,
+        source="one 25 Gb/s port per node, as in Horovod's benchmark; alpha is an assumed 10 microseconds",
+        node=NVLINK, node_size=8, algorithm="double-tree"),
+}
+
+# The published scaling result the model is checked against: Horovod's benchmark, 128 servers with
+# 4 Pascal GPUs each on a RoCE-capable 25 Gbit/s network, tf_cnn_benchmarks at batch 64 per GPU.
+HOROVOD = {
+    "source": "Horovod docs, 'Benchmarks' (github.com/horovod/horovod, docs/benchmarks.rst): 90% scaling efficiency "
+              "for Inception V3 and ResNet-101, 68% for VGG-16, on 512 GPUs",
+    "ranks": 512,
+    "link": Link("RoCE 25 Gbit/s, 4 GPUs per server", alpha=10e-6, beta=25 * GBIT, max_ranks=512,
+                 source="Horovod benchmark setup; the network card is shared by the server's 4 GPUs, whose ring "
+                        "crosses it once each way; alpha is assumed"),
+    "published_efficiency": {"ResNet-101": 0.90, "VGG-16": 0.68},
+    # Compute: ResNet-101 at ~103.6 img/s per GPU, from the 16-GPU example run in the same page
+    # ("total images/sec: 1656.82", batch 64); VGG-16 at the same FLOP rate, by the forward FLOPs that
+    # He et al. 2016 give (ResNet-101 7.6 G, VGG-16 15.3 G multiply-adds per image).
+    "workloads": {
+        "ResNet-101": Workload("ResNet-101", 44_549_160, ComputeCurve((64,), (64 * 16 / 1656.82,)), batch=64,
+                               bucket_bytes=64 * MiB),
+        "VGG-16": Workload("VGG-16", 138_357_544, ComputeCurve((64,), (64 * 16 / 1656.82 * 15.3 / 7.6,)), batch=64,
+                           bucket_bytes=64 * MiB),
+    },
+}
+
+
+def horovod_check(overlap: float = 0.0) -> list[dict]:
+    """The model's efficiency at 512 GPUs for Horovod's benchmark, beside the published one."""
+    rows = []
+    for name, work in HOROVOD["workloads"].items():
+        eff = project(work, HOROVOD["link"], [HOROVOD["ranks"]], overlap=overlap)[0]["efficiency"]
+        pub = HOROVOD["published_efficiency"][name]
+        rows.append({"model": name, "params": work.params, "overlap": overlap, "predicted_efficiency": eff,
+                     "published_efficiency": pub, "error_points": 100 * (eff - pub)})
+    return rows

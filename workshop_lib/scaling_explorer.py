@@ -1,0 +1,168 @@
+"""Figures for the scaling model, and sliders that move its efficiency curve.
+
+``Explorer.update(...)`` is the sliders' callback: it recomputes the curve with
+``workshop_lib.scaling`` and sets the plotted line's data, so it can be called
+(and tested) without a browser; ``Explorer.widgets()`` wires ipywidgets sliders
+to it. Nothing is imported until it is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workshop_lib import scaling
+
+GB = 1e9
+
+
+def _figure(width: float = 6.4, height: float = 3.8):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    plt.close(fig)  # shown by the caller (or the Output widget), once
+    return fig, ax
+
+
+def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str = "benchmark runs"):
+    """Speed-up of ``fit.nprocs`` ranks over 1 against the global batch: the model's curve and measured points.
+
+    ``fit`` is a MachineFit. The points: the lockstep steps timed while fitting it (compute, real
+    all-reduce, wait), and ``benchmark`` ({global batch: measured speed-up} of whole training runs).
+    """
+    n = fit.nprocs
+    lo, hi = n * min(fit.together.batches), n * max(fit.together.batches)
+    gs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+    model = [fit.alone(g) / fit.predict_step(g).seconds for g in gs]
+    fig, ax = _figure()
+    ax.plot(gs, model, "-", color="tab:blue", label="model: inputs measured here")
+    live = sorted((n * b, fit.alone(n * b) / fit.measured_step(b)) for b in fit.together.batches)
+    ax.plot(*zip(*live, strict=True), "o", color="tab:red", ms=7, label="your lockstep steps (this cell)")
+    if benchmark:
+        ax.plot(*zip(*sorted(benchmark.items()), strict=True), "s", color="tab:green", ms=7, label=label)
+    ax.axhline(n, color="k", ls=":", alpha=0.4, label="perfect")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="global batch", ylabel=f"speed-up, {n} ranks over 1", ylim=(0, n + 0.3))
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def projections(curves: dict[str, list[dict]], title: str = "Projected efficiency"):
+    """Efficiency against N for several (model, link) curves, each a ``scaling.project`` result."""
+    fig, ax = _figure(7.2, 4.2)
+    for label, rows in curves.items():
+        ax.plot([r["n"] for r in rows], [r["efficiency"] for r in rows], "o-", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="ranks (GPUs)", ylabel="efficiency (speed-up / N)", ylim=(0, 1.05), title=title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+class Explorer:
+    """An efficiency curve against N that sliders move: model size, per-rank batch, bandwidth, overlap.
+
+    It starts from ``work`` (compute scales with the parameter count) on a link of the slider's bandwidth
+    and ``alpha`` latency, ring bandwidth with tree latency, ``ns`` ranks.
+    """
+
+    def __init__(self, work: scaling.Workload = scaling.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
+                 ns: Sequence[int] = tuple(scaling.ranks(1024))):
+        self.work, self.alpha, self.ns = work, alpha, list(ns)
+        self.fig, self.ax = _figure()
+        start = self.curve(work.params / 1e6, work.batch, 50.0, 0.0)
+        (self.reference,) = self.ax.plot(self.ns, start, ":", color="gray",
+                                         label=f"{work.name}, batch {work.batch}, 50 GB/s, no overlap")
+        (self.line,) = self.ax.plot(self.ns, start, "o-", ms=3, color="tab:blue", label="your settings")
+        self.ax.set_xscale("log", base=2)
+        self.ax.set(xlabel="ranks (GPUs)", ylabel="efficiency (speed-up / N)", ylim=(0, 1.05))
+        self.ax.legend(fontsize=8, loc="lower left")
+        self.ax.grid(alpha=0.3)
+        self.fig.tight_layout()
+        self.settings: dict = {}
+        self.output = None
+
+    def curve(self, params_m: float, batch: int, bandwidth_gbs: float, overlap: float) -> list[float]:
+        work = self.work.scaled(params_m * 1e6)
+        link = scaling.Link("slider", self.alpha, bandwidth_gbs * GB, max(self.ns), algorithm="double-tree")
+        return [r["efficiency"] for r in scaling.project(work, link, self.ns, batch=batch, overlap=overlap)]
+
+    def update(self, params_m: float, batch: int, bandwidth_gbs: float, overlap: float) -> dict[int, float]:
+        """The sliders' callback: recompute the curve, set the line's data, return {N: efficiency}."""
+        eff = self.curve(params_m, batch, bandwidth_gbs, overlap)
+        self.line.set_ydata(eff)
+        self.settings = {"params_m": params_m, "batch": batch, "bandwidth_gbs": bandwidth_gbs, "overlap": overlap}
+        self.ax.set_title(f"{params_m:g}M parameters, batch {batch} per rank, {bandwidth_gbs:g} GB/s, "
+                          f"overlap {overlap:.0%}", fontsize=9)
+        if self.output is not None:
+            from IPython.display import display
+
+            with self.output:
+                self.output.clear_output(wait=True)
+                display(self.fig)
+        return dict(zip(self.ns, eff, strict=True))
+
+    def widgets(self):
+        """Sliders wired to ``update``, above the figure (an ipywidgets box for a notebook cell)."""
+        import ipywidgets as w
+
+        style = {"description_width": "170px"}
+        layout = w.Layout(width="520px")
+        self.sliders = {
+            "params_m": w.FloatLogSlider(value=self.work.params / 1e6, base=10, min=-2, max=3.3, step=0.05,
+                                         description="model size (M params)", style=style, layout=layout),
+            "batch": w.IntSlider(value=self.work.batch, min=8, max=1024, step=8, description="batch per rank",
+                                 style=style, layout=layout),
+            "bandwidth_gbs": w.FloatLogSlider(value=50, base=10, min=-1, max=3, step=0.05,
+                                              description="bandwidth (GB/s)", style=style, layout=layout),
+            "overlap": w.FloatSlider(value=0.0, min=0, max=1, step=0.05, description="overlap with backward",
+                                     style=style, layout=layout),
+        }
+        self.output = w.Output()
+
+        def changed(_=None):
+            self.update(**{k: s.value for k, s in self.sliders.items()})
+
+        for s in self.sliders.values():
+            s.observe(changed, names="value")
+        changed()
+        return w.VBox([*self.sliders.values(), self.output])
+
+
+# ---------------------------------------------------------------- the three questions
+
+CHOICES = {
+    "accumulation": {"a": "it makes each all-reduce faster",
+                     "b": "one all-reduce is paid for several micro-batches of compute",
+                     "c": "it makes the gradients smaller"},
+    "overlap": {"a": "it hides the all-reduce entirely, whatever its size",
+                "b": "it hides the all-reduce up to the length of backward; what is longer stays exposed",
+                "c": "nothing: the all-reduce always waits for backward to end"},
+}
+ANSWERS = {"accumulation": "b", "overlap": "b"}
+
+
+def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
+    """The first N from which doubling to 2N adds less than ``gain`` x the samples/s (None: it always pays)."""
+    by_n = {r["n"]: r["samples_per_second"] for r in rows}
+    return next((n for n in sorted(by_n) if 2 * n in by_n and by_n[2 * n] / by_n[n] < gain), None)
+
+
+def check(question: str, answer, rows: list[dict] | None = None) -> None:
+    """Check an answer to one of the three questions; print a tick, or raise CheckFailed with a hint."""
+    from workshop_lib.checks import CheckFailed
+
+    if question == "doubling":
+        expected = doubling_stops_paying(rows)
+        if answer != expected:
+            raise CheckFailed(f"{answer} is not it: find the first N whose doubling to 2N raises samples/s by less "
+                              "than 10% (the curve turns flat there; compare each point with the next)")
+        print(f"\N{CHECK MARK} from {expected} ranks on, doubling adds less than 10%: the all-reduce, which does "
+              "not shrink with N, has become most of the step")
+        return
+    if ANSWERS.get(question) != answer:
+        options = "; ".join(f"{k}: {v}" for k, v in CHOICES[question].items())
+        raise CheckFailed(f"{answer!r} is not it. Look again at which term of the step the change moves ({options})")
+    print(f"\N{CHECK MARK} {CHOICES[question][answer]}")

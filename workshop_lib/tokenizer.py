@@ -1,0 +1,66 @@
+"""The SMILES tokenizer: one token per atom or bond symbol, a vocabulary fitted on the data."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from workshop_lib.errors import WorkshopError
+
+# One token per atom or bond symbol: bracket atoms ([nH], [C@@H], [N+]) and the
+# two-letter halogens Cl and Br stay whole; ring closures %NN are one token.
+SMILES_TOKEN = re.compile(
+    r"\[[^\[\]]+\]|Br|Cl|Si|Se|se|As|Na|Li|[BCNOPSFIKHbcnops]|%\d{2}|\d|[=#\-+\\/().:~@?*$>]"
+)
+
+
+class SmilesTokenizer:
+    """Regex SMILES tokenizer with a vocabulary fitted on the data.
+
+    Index 0 pads, index 1 stands for a token the vocabulary has not seen
+    (for example a rare bracket atom in a new CSV).
+    """
+
+    PAD, UNK = 0, 1
+
+    def __init__(self, vocab: Sequence[str]):
+        self.itos = ["<pad>", "<unk>", *vocab]
+        self.stoi = {t: i for i, t in enumerate(self.itos)}
+
+    @staticmethod
+    def split(smiles: str, row: int | None = None) -> list[str]:
+        """SMILES -> tokens; a character outside SMILES syntax is an error naming it."""
+        tokens = SMILES_TOKEN.findall(smiles)
+        if sum(map(len, tokens)) != len(smiles):
+            pos = 0
+            for tok in tokens:  # find the first character the pattern skipped
+                at = smiles.index(tok, pos)
+                if at != pos:
+                    break
+                pos = at + len(tok)
+            where = f" in row {row + 2}" if row is not None else ""
+            raise WorkshopError(f"SMILES {smiles[:60]!r}{where} has a character the tokenizer does not know: "
+                                f"{smiles[pos]!r} at position {pos}; fix or remove that molecule")
+        return tokens
+
+    @classmethod
+    def fit(cls, smiles: Sequence[str]) -> SmilesTokenizer:
+        counts = Counter(t for i, s in enumerate(smiles) for t in cls.split(s, i))
+        return cls(sorted(counts))  # sorted: the same data gives the same ids
+
+    def encode(self, smiles: str, row: int | None = None) -> list[int]:
+        return [self.stoi.get(t, self.UNK) for t in self.split(smiles, row)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.itos[i] for i in ids if i != self.PAD)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def state_dict(self) -> dict:
+        return {"itos": list(self.itos)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> SmilesTokenizer:
+        return cls(state["itos"][2:])

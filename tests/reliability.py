@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from workshop_lib.diagnose import pyspy_exe
+
 from .conftest import REPO, SOLUTIONS, cpu_env
 
 STEP3 = SOLUTIONS / "step3_ddp.py"
@@ -171,3 +173,15 @@ def reference_metrics() -> dict:
         return json.loads((out / "metrics.json").read_text())
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def pyspy_attaches() -> bool:
+    """Can py-spy read another process here? (Not without ptrace rights: a container without CAP_SYS_PTRACE.)"""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(1)
+        done = subprocess.run([pyspy_exe(), "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
+        return done.returncode == 0
+    finally:
+        child.kill()
+        child.wait()

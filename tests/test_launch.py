@@ -18,7 +18,7 @@ from workshop_lib import forklaunch, launch
 from workshop_lib.errors import WorkshopError
 
 from .conftest import SOLUTIONS
-from .reliability import still_alive
+from .reliability import pyspy_attaches, still_alive
 
 SCRIPT = """
 import argparse, json, os, sys, time
@@ -164,9 +164,14 @@ def _hang_on_rank1(env):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_notebook_launch_times_out():
-    with pytest.raises(launch.LaunchError, match="did not finish within 5s"):
+def test_notebook_launch_times_out_and_keeps_where_each_rank_was():
+    with pytest.raises(launch.LaunchError, match="did not finish within 5s") as err:
         forklaunch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+    all_log = Path(str(err.value).rsplit("every rank's output: ", 1)[1].strip())
+    stacks = all_log.read_text().split("===== stacks at the timeout (py-spy dump --native)\n", 1)
+    assert len(stacks) == 2, all_log.read_text()[-2000:]
+    if pyspy_attaches():  # rank 1's stack names the function it is stuck in
+        assert "_hang_on_rank1" in stacks[1], stacks[1][-3000:]
 
 
 def _wait_for_the_stop_button(env):

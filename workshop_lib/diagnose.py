@@ -105,9 +105,14 @@ def _short(file: str) -> str:
     return file if rel.startswith("..") else rel
 
 
+def pyspy_exe() -> str:
+    """py-spy on PATH, else the one installed beside this Python (a venv that is not activated)."""
+    return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
 def pyspy_stack(pid: int, show_all: bool = False, timeout: float = 20.0) -> list[str]:
     """The main thread's frames (outermost first) from ``py-spy dump``; raises RuntimeError if it cannot."""
-    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    exe = pyspy_exe()
     try:
         # A Jupyter kernel asks child processes for colours (FORCE_COLOR); plain text parses.
         env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}

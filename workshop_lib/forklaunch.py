@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -89,13 +90,14 @@ def _own_signal_handlers():
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float, what: str):
-    """Raise TimeoutError after ``seconds`` (main thread only; elsewhere no limit)."""
+def _alarm(seconds: float, what: str, before: Callable[[], None] = lambda: None):
+    """Raise TimeoutError after ``seconds``, calling ``before()`` first (main thread only; elsewhere no limit)."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
 
     def expire(signum, frame):
+        before()
         raise TimeoutError(f"{what} did not finish within {seconds:g}s")
 
     old = signal.signal(signal.SIGALRM, expire)
@@ -147,7 +149,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
     name = getattr(fn, "__name__", repr(fn))
     try:
-        with _launcher_logs_to(Path(log_dir) / "launcher.log"), _alarm(timeout, f"notebook_launch of {name}"), \
+        with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
+                _alarm(timeout, f"notebook_launch of {name}", lambda: _dump_stacks(Path(log_dir) / "stacks.log")), \
                 _own_signal_handlers():
             results = elastic_launch(config, _rank_main)(fn, backend, timeout, log_dir, *args)
     except ChildFailedError as err:
@@ -163,6 +166,23 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     _show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
+
+
+def _dump_stacks(path: Path) -> None:
+    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
+    import psutil
+
+    from workshop_lib.diagnose import pyspy_exe
+
+    parts = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            done = subprocess.run([pyspy_exe(), "dump", "--native", "--pid", str(child.pid)], capture_output=True,
+                                  text=True, timeout=15, env={**os.environ, "NO_COLOR": "1"})
+            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
+            parts.append(f"----- pid {child.pid}: no stack ({err})")
+    path.write_text("\n".join(parts) or "no child processes left")
 
 
 def _failures(err) -> list[str]:
@@ -198,5 +218,8 @@ def _failure_report(name: str, failures: list[str], log_dir: str) -> str:
     launcher = Path(log_dir) / "launcher.log"
     if launcher.is_file():
         parts.append(f"===== torch's launcher\n{launcher.read_text(errors='replace')}")
+    stacks = Path(log_dir) / "stacks.log"
+    if stacks.is_file():  # after a timeout: where every process was
+        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
     path.write_text("\n".join(parts))
     return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

@@ -176,3 +176,12 @@ def test_step_comparison_draws_auc_per_epoch_and_per_step_and_the_spread(tmp_pat
     assert "optimizer steps" in ax_step.get_xlabel()
     with pytest.raises(WorkshopError, match="run the step that writes"):
         plots.step_comparison({"missing": tmp_path / "nowhere"})
+
+
+def test_step_comparison_plots_the_runs_there_are_and_names_the_missing_one(tmp_path, capsys):
+    """Notebook 02 opened without running 01 first: step 2's curves, and one line about step 1."""
+    two = fake_run(tmp_path / "two", [0.7, 0.5], [0.6, 0.7], world_size=2)
+    capsys.readouterr()  # fake_run's epoch lines
+    fig = plots.step_comparison({"step 1": tmp_path / "nb01", "step 2": two})
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["step 2"]
+    assert capsys.readouterr().out.startswith("left out, not run yet: step 1 (")

@@ -183,14 +183,17 @@ def _join_error(err: BaseException, launch: LaunchEnv, timeout: float) -> Worksh
                          f"within {timeout:g}s ({first}); check that every rank started and the port is free")
 
 
-def setup(backend: str | None = None, timeout: float = 120.0) -> DistEnv:
-    """All of a step script's start in one call (for the fork launcher and test workers): join, return who we are."""
+def setup(backend: str | None = None, timeout: float = 120.0, store: dist.Store | None = None) -> DistEnv:
+    """All of a step script's start in one call (for the fork launcher and test workers): join, return who we are.
+
+    ``store``: the store to join on (default: :func:`rendezvous_store`).
+    """
     launch = read_launch_env()
     backend, device = _pick_backend(backend, launch)
     set_threads(launch, device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = rendezvous_store(launch, timeout)
+    store = store if store is not None else rendezvous_store(launch, timeout)
     try:
         dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
                                 timeout=timedelta(seconds=timeout))

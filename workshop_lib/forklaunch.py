@@ -30,16 +30,26 @@ _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", 
 
 def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
     """What each forked rank runs: send its output to its own log, join the group, call ``fn(env, *args)``."""
+    import torch.distributed as dist
+
     from workshop_lib import distributed
 
     # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
     # characters interleaved into the cell: each rank writes to its own file instead.
-    rank = distributed.read_launch_env().rank
-    log = open(Path(log_dir) / f"rank{rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
+    launch = distributed.read_launch_env()
+    log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
-    env = distributed.setup(backend, timeout)
+    # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
+    # at the fork (the launcher's TCP store serving the rank forked before), the child inherits it locked,
+    # and its first getaddrinfo waits forever. So: a file store instead of TCP, and gloo on the loopback
+    # interface by name (getifaddrs) instead of by this host's name (getaddrinfo).
+    # (All ranks are on this machine, so a file store serves with spawn as well.)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
+    env = distributed.setup(backend, timeout, store=store)
     try:
         return fn(env, *args)
     except BaseException:

@@ -224,14 +224,20 @@ def step_comparison(runs: Mapping[str, str | Path]):
     numbers of updates (a run whose ranks each read all the data takes N times
     as many per epoch as one that shards it).
     """
-    loaded = {}
+    from workshop_lib.report import shown
+
+    loaded, missing = {}, []
     for label, out in runs.items():
         path = Path(out) / "metrics.json"
-        if not path.is_file():
-            raise WorkshopError(f"no {path}; run the step that writes --out {out} first")
-        loaded[label] = json.loads(path.read_text())
+        if path.is_file():
+            loaded[label] = json.loads(path.read_text())
+        else:
+            missing.append(f"{label} ({shown(path)})")
     if not loaded:
-        raise WorkshopError("step_comparison needs at least one run: {label: its --out directory}")
+        raise WorkshopError(f"no run to compare: {', '.join(missing) or 'none given'}; run the step that writes "
+                            "its --out first")
+    if missing:  # a notebook opened without the earlier ones: plot what there is, and say what is left out
+        print(f"left out, not run yet: {', '.join(missing)}; run that notebook's training cell to add it")
     fig, (ax_epoch, ax_step, ax_spread) = _new_figure(ncols=3, width=4.4)
     for label, m in loaded.items():
         epochs = [row["epoch"] + 1 for row in m["history"]]

@@ -253,6 +253,7 @@ def step_comparison(runs: Mapping[str, str | Path]):
     for ax in (ax_epoch, ax_step, ax_spread):
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[1]:  # steps 1 and 2 record no spread: that panel may be empty
+            ax.legend(fontsize="small")
     fig.tight_layout()
     return fig

@@ -260,6 +260,21 @@ def failure_relay(store: dist.Store, env: DistEnv, timeout: float = 120.0):
         if message:
             _relay(err, message)
         raise
+    finally:
+        let_gloo_finish()
+
+
+def let_gloo_finish(seconds: float = 0.1) -> None:
+    """Give gloo's worker thread the GIL for a moment before the group can be destroyed.
+
+    After a collective, that thread drops its work object, and with it the last
+    reference to a Python tensor: it needs the GIL for that. Destroying a gloo group
+    joins the thread while holding the GIL, so if the thread has not got there yet,
+    both wait for ever (seen on torch 2.13, when a run that had just all-gathered
+    failed and its DDP model was freed with the traceback). Sleeping releases the GIL.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        time.sleep(seconds)
 
 
 def _relay(err: BaseException, message: str) -> None:
@@ -301,6 +316,7 @@ def teardown() -> None:
     if isinstance(err, Exception) and _job.get("world_size", 1) > 1 and dist.is_initialized():
         message = _explain_failure(err, _job["store"], _job["rank"], _job["world_size"], _job["timeout"])
     if dist.is_available() and dist.is_initialized():
+        let_gloo_finish()
         dist.destroy_process_group()
     _job.clear()
     if message:

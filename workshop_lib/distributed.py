@@ -273,7 +273,11 @@ def let_gloo_finish(seconds: float = 0.1) -> None:
     both wait for ever (seen on torch 2.13, when a run that had just all-gathered
     failed and its DDP model was freed with the traceback). Sleeping releases the GIL.
     """
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+    try:
+        gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
+    except (RuntimeError, ValueError):  # no default group after all
+        return
+    if gloo:
         time.sleep(seconds)
 
 

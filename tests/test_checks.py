@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import time
 
 import pytest
 import torch
@@ -107,12 +108,21 @@ def reduce_only_rank0(env):
         dist.all_reduce(torch.tensor([1.0]))
 
 
+def reduce_rank0_while_rank1_sleeps(env):
+    if env.rank == 0:
+        dist.all_reduce(torch.tensor([1.0]))
+    else:
+        time.sleep(60)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_passes(capsys):
     checks.all_reduce(reduce_ok)
     assert "each of 2 ranks contributed rank + 1, all_reduce(SUM) left 3 on every rank" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fn", "message"), [
     (reduce_max, "rank 0 used op=MAX"),
@@ -124,10 +134,23 @@ def test_all_reduce_names_the_mistake(fn, message):
         checks.all_reduce(fn)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_on_one_rank_only_is_a_hang_explained():
     with pytest.raises(checks.CheckFailed, match=r"rank 1 never called dist\.all_reduce while other ranks did"):
         checks.all_reduce(reduce_only_rank0, timeout=8)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_it():
+    started = time.monotonic()
+    with pytest.raises(checks.CheckFailed, match=r"^rank 0 waits in all_reduce #1 \(called at tests/test_checks\.py:\d+ in "
+                       r"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "
+                       r"reduce_rank0_while_rank1_sleeps\(\) at tests/test_checks\.py:\d+: every rank must call "
+                       r"dist\.all_reduce, or the others wait for it$"):
+        checks.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
+    assert time.monotonic() - started < 40  # the watch's 8 s and a second, not the 60 s timeout
 
 
 # --------------------------------------------- the step scripts' functions, with a mistake put in
@@ -219,6 +242,12 @@ def test_epoch_loop(edits, message, capsys):
     ((("dev_auc = evaluate(raw_model,", "dev_auc = evaluate(model,"),), "rank 0 evaluated the DDP wrapper"),
     ((("torch.save(raw_model.state_dict()", "torch.save(model.state_dict()"),), "their keys start with 'module.'"),
     ((("return total.item() / env.world_size", "return total.item()"),), "mean_over_ranks returned the sum"),
+    ((("        stats = replace(stats, loss=mean_over_ranks(", "        if env.is_main:\n"
+       "            stats = replace(stats, loss=mean_over_ranks("),),
+     # both ranks wait (rank 0 in the all_reduce, rank 1 in the next all_gather): the first to notice speaks
+     r"rank (0 waits in all_reduce #3 \(called at solutions/step3_ddp\.py:56 in mean_over_ranks\(\).*\); rank 1 "
+     r"never joined it: it is in all_gather #3|1 waits in all_gather #3 \(called at solutions/step3_ddp\.py:44 in "
+     r"replica_spread\(\).*\); rank 0 never joined it: it is in all_reduce #3)"),
 ])
 def test_rank0_duties(edits, message, capsys):
     train = _solution("step3_ddp", *edits).train
@@ -226,7 +255,7 @@ def test_rank0_duties(edits, message, capsys):
         checks_ddp.rank0_duties(train)
         assert "only global rank 0 evaluated and saved" in capsys.readouterr().out
     else:
-        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
+        with pytest.raises(checks.CheckFailed, match=message if message.startswith("rank (") else re.escape(message)):
             checks_ddp.rank0_duties(train)
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib import hangwatch
-from workshop_lib.hangreport import diagnosis
+from workshop_lib.hangreport import diagnosis, one_line
 from workshop_lib.hangwatch import Call
 
 from .conftest import REPO, run_torchrun
@@ -64,6 +64,26 @@ def test_ranks_that_left_in_backward_or_silent_are_each_explained():
     assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_gather #7" in text
     assert "rank 2 never entered all_reduce #2: it is in loss.backward()" in text
     assert "rank 3 did not answer" in text
+
+
+def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
+    mine = call("all_reduce", 2)
+    elsewhere = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
+    assert one_line(diagnosis(0, STUCK, "has waited 6 s", elsewhere, 2)) == (
+        "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
+        "all_gather #2 (float32[3]) at t.py:7 in f()")
+    backward = {0: answer(0, [], current=mine),
+                1: answer(1, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", 0, "DDP's buckets"))}
+    assert one_line(diagnosis(0, STUCK, "has waited 6 s", backward, 2)) == (
+        "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
+        "loss.backward(), where DDP all-reduces the gradients (step() at t.py:3)")
+    left = {0: answer(0, [], current=mine), 1: answer(1, [], left=True)}
+    assert one_line(diagnosis(0, STUCK, "has waited 6 s", left, 2)).endswith(
+        "rank 1 never joined it: it has left the job (it called destroy_process_group)")
+    shapes = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_reduce", 2, "float32[1]"))}
+    assert one_line(diagnosis(0, STUCK, "has waited 6 s", shapes, 2)).endswith(
+        "rank 1 is in it too, but with float32[1] where rank 0 has float32[3]: every rank must pass the same "
+        "shape and dtype")
 
 
 def test_install_in_a_world_of_one_changes_nothing():

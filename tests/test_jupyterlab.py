@@ -263,6 +263,7 @@ def _check_notebook(lab: Lab, page, name: str) -> set[str]:
     return rendered
 
 
+@pytest.mark.slow  # a JupyterLab server, a browser and a kernel that forks ranks
 @pytest.mark.timeout(420)
 def test_notebooks_run_in_jupyterlab_with_progress_bar_and_plot(lab_and_browser):
     lab, browser = lab_and_browser

@@ -81,7 +81,7 @@ def test_torchrun_failure_raises_with_the_ranks_last_lines_and_show_all_labels_t
 @pytest.mark.timeout(150)
 def test_torchrun_timeout_stops_every_rank(script, tmp_path):
     with pytest.raises(launch.LaunchError, match="timed out after"):
-        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=15, progress=False)
+        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=10, progress=False)
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     assert still_alive(pids, timeout=10) == []  # gone, or at most zombies awaiting their reaper
 
@@ -172,6 +172,27 @@ def test_notebook_launch_times_out_and_keeps_where_each_rank_was():
     assert len(stacks) == 2, all_log.read_text()[-2000:]
     if pyspy_attaches():  # rank 1's stack names the function it is stuck in
         assert "_hang_on_rank1" in stacks[1], stacks[1][-3000:]
+
+
+def _all_reduce_on_rank0_only(env):
+    if env.rank == 0:
+        dist.all_reduce(torch.tensor([1.0]))
+    else:
+        time.sleep(600)  # never joins: the hang watch names it; the launch stops at once instead of at its timeout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early():
+    started = time.monotonic()
+    with pytest.raises(forklaunch.HangError) as err:
+        forklaunch.notebook_launch(_all_reduce_on_rank0_only, 2, timeout=100, hang_after=2)
+    assert time.monotonic() - started < 60  # not the 100 s timeout, nor the launcher's 30 s grace for SIGTERM
+    assert err.value.diagnosis.startswith("rank 0 waits in all_reduce #1 (called at ")
+    assert "in _all_reduce_on_rank0_only()); rank 1 never joined it: it is in _all_reduce_on_rank0_only() at " \
+        in err.value.diagnosis
+    assert f"the ranks hang: {err.value.diagnosis}" in str(err.value)
+    assert still_alive([p.pid for p in psutil.Process().children(recursive=True)], timeout=10) == []
 
 
 def _wait_for_the_stop_button(env):

@@ -38,6 +38,16 @@ def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEn
     return DistEnv(rank, rank % per_node, world_size, per_node, torch.device("cpu"), "gloo")
 
 
+# A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
+# the hang watch names the rank that never arrived, and the check stops there instead of at its timeout.
+HANG_AFTER = 8.0
+
+
+def _hang_message(diagnosis: str, fix: str = "every rank must call every collective, in the same order") -> str:
+    """The hang watch's line, and the fix unless it already says one (different shapes: the same shape)."""
+    return diagnosis if "every rank must" in diagnosis else f"{diagnosis}: {fix}, or the others wait for it"
+
+
 def _call(fn: Callable, name: str, *args):
     try:
         return fn(*args)
@@ -55,11 +65,13 @@ def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: st
     """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line."""
     import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
 
-    from workshop_lib.forklaunch import notebook_launch
+    from workshop_lib.forklaunch import HangError, notebook_launch
     from workshop_lib.launch import LaunchError
 
     try:
-        return notebook_launch(fn, nprocs, *args, timeout=timeout)
+        return notebook_launch(fn, nprocs, *args, timeout=timeout, hang_after=HANG_AFTER)
+    except HangError as err:
+        raise CheckFailed(_hang_message(err.diagnosis)) from None
     except LaunchError as err:
         text = str(err)
         if "NotImplementedError" in text:
@@ -160,11 +172,13 @@ def _spy_all_reduce(env: DistEnv, fn: Callable) -> dict:
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
-    from workshop_lib.forklaunch import notebook_launch
+    from workshop_lib.forklaunch import HangError, notebook_launch
     from workshop_lib.launch import LaunchError
 
     try:
-        ranks = notebook_launch(_spy_all_reduce, nprocs, fn, timeout=timeout)
+        ranks = notebook_launch(_spy_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2))
+    except HangError as err:
+        raise CheckFailed(_hang_message(err.diagnosis, "every rank must call dist.all_reduce")) from None
     except LaunchError as err:
         if "did not finish" in str(err):
             raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "

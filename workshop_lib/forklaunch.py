@@ -7,6 +7,7 @@ engine inside torchrun), and returns what each rank returned.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -28,15 +29,28 @@ from workshop_lib.launch import LaunchError
 _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
-def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
+class HangError(LaunchError):
+    """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line."""
+
+    def __init__(self, message: str, diagnosis: str):
+        super().__init__(message)
+        self.diagnosis = diagnosis
+
+
+def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
     """What each forked rank runs: send its output to its own log, join the group, call ``fn(env, *args)``."""
+    # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
+    # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
+    # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
+    gc.freeze()
     import torch.distributed as dist
 
-    from workshop_lib import distributed
+    from workshop_lib import distributed, hangwatch
 
     # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
     # characters interleaved into the cell: each rank writes to its own file instead.
     launch = distributed.read_launch_env()
+    (Path(log_dir) / f"rank{launch.rank}.pid").write_text(str(os.getpid()))  # for _stop_ranks
     log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
     os.dup2(log.fileno(), 2)
@@ -50,6 +64,8 @@ def _rank_main(fn: Callable, backend: str, timeout: float, log_dir: str, *args):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
     env = distributed.setup(backend, timeout, store=store)
+    if hang_after is not None:  # a collective waiting this long: the watch writes who never arrived into the log
+        hangwatch.install(store, threshold=hang_after, poll=0.25)
     try:
         return fn(env, *args)
     except BaseException:
@@ -100,23 +116,55 @@ def _own_signal_handlers():
 
 
 @contextlib.contextmanager
-def _alarm(seconds: float, what: str, before: Callable[[], None] = lambda: None):
-    """Raise TimeoutError after ``seconds``, calling ``before()`` first (main thread only; elsewhere no limit)."""
+def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: Callable[[], str | None] | None = None):
+    """Raise TimeoutError after ``seconds``, or _HangSeen once ``hang()`` names a hang; ``before(timed_out)`` first.
+
+    ``hang`` is polled twice a second; a diagnosis counts once it has stood for a
+    second (the watch's whole block is written by then). Main thread only; elsewhere no limit.
+    """
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
+    deadline, seen = time.monotonic() + seconds, {}
 
-    def expire(signum, frame):
-        before()
-        raise TimeoutError(f"{what} did not finish within {seconds:g}s")
+    def tick(signum, frame):
+        now = time.monotonic()
+        if now >= deadline:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            before(True)
+            raise TimeoutError(f"{what} did not finish within {seconds:g}s")
+        found = hang() if hang is not None else None
+        if found:
+            if now - seen.setdefault("at", now) >= 1.0:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                before(False)
+                raise _HangSeen(found)
+        else:
+            seen.clear()
 
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    old = signal.signal(signal.SIGALRM, tick)
+    every = 0.5 if hang is not None else 0.0  # without a hang to look for, one alarm at the deadline
+    signal.setitimer(signal.ITIMER_REAL, every or seconds, every)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+class _HangSeen(Exception):
+    """Raised by the watchdog when a rank's log holds the hang watch's diagnosis."""
+
+
+def _hang_in_logs(log_dir: str) -> str | None:
+    """One line from the hang watch's block in a rank's log (who waits where; who never arrived), if there is one."""
+    from workshop_lib import hangreport, hangwatch
+
+    for text in _rank_logs(log_dir).values():
+        block = [line.split(hangwatch.PREFIX, 1)[1] for line in text.splitlines() if hangwatch.PREFIX in line]
+        if any(line.startswith("never arrived:") for line in block):
+            return hangreport.one_line(block)
+    return None
 
 
 def _start_method(fn: Callable) -> str:
@@ -131,7 +179,8 @@ def _start_method(fn: Callable) -> str:
                         "notebook and import it from there (it then runs with spawn), or run a script with launch.torchrun")
 
 
-def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo") -> list:
+def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
+                    hang_after: float | None = None) -> list:
     """Run ``fn(env, *args)`` on ``nprocs`` forked ranks; return each rank's result, in rank order.
 
     torch's elastic launcher (the engine inside torchrun) forks the ranks and
@@ -140,6 +189,10 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     goes to per-rank log files; rank 0's output is shown after the run. A
     failure raises a LaunchError with one line per failed rank and the name of
     the file that holds every rank's output and the launcher's log.
+
+    ``hang_after``: seconds a collective may wait before the ranks count as hung
+    (:mod:`workshop_lib.hangwatch` then names the rank that never arrived, and a
+    HangError stops the launch early); None waits out ``timeout``.
     """
     import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -158,15 +211,19 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
     name = getattr(fn, "__name__", repr(fn))
+    gc.collect()  # no garbage of the kernel's for a forked rank to inherit (see _rank_main)
     try:
         with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
-                _alarm(timeout, f"notebook_launch of {name}", lambda: _dump_stacks(Path(log_dir) / "stacks.log")), \
+                _watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
+                          None if hang_after is None else lambda: _hang_in_logs(log_dir)), \
                 _own_signal_handlers():
-            results = elastic_launch(config, _rank_main)(fn, backend, timeout, log_dir, *args)
+            results = elastic_launch(config, _rank_main)(fn, backend, timeout, hang_after, log_dir, *args)
     except ChildFailedError as err:
         raise LaunchError(_failure_report(name, _failures(err), log_dir)) from None
     except TimeoutError as err:
         raise LaunchError(_failure_report(name, [str(err)], log_dir)) from None
+    except _HangSeen as hang:
+        raise HangError(_failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang)) from None
     except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
@@ -176,6 +233,23 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     _show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
+
+
+def _stop_ranks(log_dir: str, stacks: bool) -> None:
+    """Before the launch is abandoned: record where each rank is stuck (on a timeout), then kill the ranks.
+
+    The launcher would send SIGTERM and wait 30 s: a rank blocked inside a collective
+    runs no Python signal handler, so it would sit out the whole grace period.
+    """
+    import psutil
+
+    if stacks:
+        _dump_stacks(Path(log_dir) / "stacks.log")
+    for pid_file in Path(log_dir).glob("rank*.pid"):
+        with contextlib.suppress(ValueError, psutil.Error):
+            process = psutil.Process(int(pid_file.read_text()))
+            if process.ppid() == os.getpid():  # still our child, not a recycled pid
+                process.kill()
 
 
 def _dump_stacks(path: Path) -> None:

@@ -8,6 +8,7 @@ the answers, so the wording is tested without starting processes.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 
@@ -76,6 +77,31 @@ def diagnosis(rank: int, call: StuckCall, how: str, answers: dict[int, dict], wo
         if frames and frames[-1][3]:
             lines.append(f"      {frames[-1][0]}:{frames[-1][1]}: {frames[-1][3]}")
     return lines
+
+
+_HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:, called at (.*))?$")
+
+
+def one_line(block: list[str]) -> str:
+    """The block in one line: who waits in which collective, and what the first rank that never arrived does instead.
+
+    'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it: it is in all_gather #3 ...'
+    """
+    head = block[0] if block else "a rank waits in a collective"
+    missing = next((line for line in block if line.startswith("never arrived: rank ")), "")
+    first = missing.removeprefix("never arrived: rank ").split(",")[0].strip()
+    instead = next((line for line in block[1:] if first and line.startswith(f"rank {first} ")), "")
+    m = _HEAD.match(head)
+    if not (m and instead):
+        return f"{head}; {instead}" if instead else head
+    waiter, call, where = m.groups()
+    doing = instead[len(f"rank {first} "):]
+    doing = re.sub(r"^never entered [^:]+: ", "", doing).split("; ")[0].split(", not in ")[0]
+    joined = "is in it too, but" if " too, but with " in doing else "never joined it:"
+    doing = doing.split(" too, but ")[-1] if " too, but with " in doing else \
+        doing if doing.startswith("it ") else f"it {doing}"
+    return f"rank {waiter} waits in {call}" + (f" (called at {where})" if where else "") + \
+        f"; rank {first} {joined} {doing}"
 
 
 def _first_difference(answers: dict[int, dict]) -> str | None:

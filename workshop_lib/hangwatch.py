@@ -59,6 +59,9 @@ PREFIX = "hangwatch: "
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
 _HERE = os.path.abspath(__file__)
+# The workshop's machinery between a launch and the learner's code: the checks and their wrappers, the fork launcher.
+_MACHINERY = tuple(os.path.join(os.path.dirname(_HERE), name) for name in (
+    "hangwatch.py", "spy.py", "forklaunch.py", "checks.py", "checks_group.py", "checks_ddp.py", "checks_beyond.py"))
 _LIBRARY = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.path.abspath(os.__file__)))
 
 
@@ -101,12 +104,16 @@ def _short(path: str) -> str:
 
 def _is_user(path: str) -> bool:
     path = os.path.abspath(path)
-    return path != _HERE and not path.startswith(_LIBRARY) and "site-packages" not in path and not path.startswith("<")
+    return (path not in _MACHINERY and not path.startswith(_LIBRARY) and "site-packages" not in path
+            and not path.startswith("<"))
 
 
 def user_frames(frame) -> tuple[list[list], str]:
     """([file, line, function, code] of each frame outside torch/stdlib, outermost first; innermost library function)."""
     stack = [f for f in traceback.extract_stack(frame) if os.path.abspath(f.filename) != _HERE]
+    # A rank forked by notebook_launch also holds the kernel's frames from before the fork: its life starts at _rank_main.
+    starts = [i for i, f in enumerate(stack) if f.name == "_rank_main" and os.path.abspath(f.filename) in _MACHINERY]
+    stack = stack[starts[-1] + 1:] if starts else stack
     inner = stack[-1].name if stack and not _is_user(stack[-1].filename) else ""
     return [[_short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in stack if _is_user(f.filename)], inner
 

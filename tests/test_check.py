@@ -167,5 +167,5 @@ def test_a_rank_that_skips_a_collective_is_named_within_the_time_limit(tmp_path)
                    tmp_path / "step3_ddp.py")
     start = time.monotonic()
     status, line = check.check_script(mine)
-    assert time.monotonic() - start < 90  # the ranks' 15 s timeout, or the checker's 25 s without progress
+    assert time.monotonic() - start < 45  # stopped once the script's hang watch named rank 1 (5 s into the wait)
     assert status == "wrong" and "rank 1 skipped the all_gather that rank 0 called at line" in line, line

@@ -10,7 +10,8 @@ torchrun's agent but with the rank variables ``torchrun --nnodes=2
 rank used where the global rank belongs shows. Each rank runs the script's
 ``main`` inside :func:`workshop_lib.spy.run_rank` (Gloo on CPU even where GPUs
 exist, 200 molecules, 2 epochs). A run is stopped after 60 s, after 25 s
-without progress, or as soon as the ranks have joined wrongly. The line starts
+without progress, as soon as the ranks have joined wrongly, or once the
+script's hang watch has named a rank that never arrived. The line starts
 with a tick when every lesson of the step holds; exit code 0, else 1.
 """
 
@@ -95,7 +96,8 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
     """Run each script in turn on two single-process nodes (one pair of processes for all of them).
 
     Returns, per script, {"ranks": events by rank, "stopped": bool, "output": the ranks' lines}. A run that
-    joins wrongly, makes no progress for ``stall_s`` or outlives ``limit_s`` (per script) is stopped.
+    joins wrongly, whose hang watch names a rank that never arrived, that makes no progress for ``stall_s``
+    or outlives ``limit_s`` (per script) is stopped.
     """
     items = [{"name": f"learner_script_{i}", "script": str(Path(s).resolve()), "events": str(workdir / f"item{i}"),
               "argv": [*ARGS, "--out", str(workdir / f"out{i}")]} for i, s in enumerate(scripts)]
@@ -116,13 +118,30 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
     def events(i: int) -> dict[int, list[dict]]:
         return {r: _read(Path(f"{items[i]['events']}.rank{r}.jsonl")) for r in range(WORLD)}
 
+    from workshop_lib.hangwatch import PREFIX
+
+    def logs_now() -> list[str]:
+        return [(workdir / f"rank{r}.log").read_text(errors="replace") for r in range(WORLD)]
+
     start = last_change = time.monotonic()
     sizes: list[int] = []
-    stopped_at = None
+    stopped_at = hang_seen = None
+    seen_before = [0] * WORLD  # log lengths when the current script started
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(0.2)
             current = max((i for i in range(len(items)) if any(events(i).values())), default=0)
+            if sizes and current != sizes[0]:
+                seen_before = [len(text) for text in logs_now()]
+            # The last script's hang watch (failure_relay installs it) has named a rank that never arrived: its
+            # ranks will only wait for their timeout now. (An earlier script's hang must run its course instead,
+            # since the same pair of processes runs the scripts after it.)
+            if hang_seen is None and current == len(items) - 1 and any(
+                    f"{PREFIX}never arrived: rank " in text[n:] for text, n in zip(logs_now(), seen_before, strict=True)):
+                hang_seen = time.monotonic()
+            if hang_seen is not None and time.monotonic() - hang_seen > 1.0:  # its whole block is written by now
+                stopped_at = current
+                break
             ranks = events(current)
             now = [current, *(len(ev) for ev in ranks.values())]
             if now != sizes:

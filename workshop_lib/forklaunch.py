@@ -211,7 +211,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
     name = getattr(fn, "__name__", repr(fn))
-    gc.collect()  # no garbage of the kernel's for a forked rank to inherit (see _rank_main)
+    gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
         with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
                 _watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
@@ -227,6 +227,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
+        gc.unfreeze()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -48,10 +48,15 @@ def learning_rates(base_lr: float, tuned_batch: int, batch_per_rank: int, nprocs
 
 def run(nprocs: int, lr: float, seed: int, flags: list[str], timeout: float) -> dict:
     """One step-3 run; its rank-0 metrics.json."""
+    try:
+        from benchmarks.bench import child_env
+    except ImportError:  # run as a script: benchmarks/ itself is on sys.path
+        from bench import child_env
+
     with tempfile.TemporaryDirectory(prefix="lr-scaling-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
                str(STEP3), "--lr", repr(lr), "--seed", str(seed), "--out", out, "--no-progress", "--no-tensorboard", *flags]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = child_env(1)  # bench.py's: no launch variables of a surrounding job, one thread per rank
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:

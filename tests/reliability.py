@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,17 +31,6 @@ STEP3 = SOLUTIONS / "step3_ddp.py"
 # Small and quick, but several optimizer steps per epoch so a kill can land inside one.
 RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-progress", "--no-tensorboard"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-
-
-def free_port() -> int:
-    """A port that was free a moment ago, for what must know its port before it starts (a second node, SLURM).
-
-    Where the program can bind port 0 itself and report it (torchrun --standalone,
-    notebook_launch), the tests let it.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def listening(port: int) -> bool:

@@ -22,8 +22,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workshop_lib.launch import free_port
+
 from .conftest import REPO, cpu_env
-from .reliability import RUN, environ_of, free_port, reference_metrics, same_results
+from .reliability import RUN, environ_of, reference_metrics, same_results
 
 SBATCH = REPO / "slurm" / "ddp.sbatch"
 DAEMONS = ("munged", "slurmctld", "slurmd")

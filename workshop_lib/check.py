@@ -118,7 +118,7 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
     def events(i: int) -> dict[int, list[dict]]:
         return {r: _read(Path(f"{items[i]['events']}.rank{r}.jsonl")) for r in range(WORLD)}
 
-    from workshop_lib.hangwatch import PREFIX
+    from workshop_lib import hangreport
 
     def logs_now() -> list[str]:
         return [(workdir / f"rank{r}.log").read_text(errors="replace") for r in range(WORLD)]
@@ -137,7 +137,8 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
             # ranks will only wait for their timeout now. (An earlier script's hang must run its course instead,
             # since the same pair of processes runs the scripts after it.)
             if hang_seen is None and current == len(items) - 1 and any(
-                    f"{PREFIX}never arrived: rank " in text[n:] for text, n in zip(logs_now(), seen_before, strict=True)):
+                    hangreport.names_a_missing_rank(hangreport.block(text[n:].splitlines()))
+                    for text, n in zip(logs_now(), seen_before, strict=True)):
                 hang_seen = time.monotonic()
             if hang_seen is not None and time.monotonic() - hang_seen > 1.0:  # its whole block is written by now
                 stopped_at = current

@@ -43,7 +43,7 @@ def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEn
 HANG_AFTER = 8.0
 
 
-def _hang_message(diagnosis: str, fix: str = "every rank must call every collective, in the same order") -> str:
+def _hang_message(diagnosis: str, fix: str) -> str:
     """The hang watch's line, and the fix unless it already says one (different shapes: the same shape)."""
     return diagnosis if "every rank must" in diagnosis else f"{diagnosis}: {fix}, or the others wait for it"
 
@@ -61,26 +61,32 @@ def _call(fn: Callable, name: str, *args):
                           f"num_replicas= and rank=") from None
 
 
-def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None) -> list:
-    """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line."""
+def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
+                 hang_after: float | None = None,
+                 fix: str = "every rank must call every collective, in the same order") -> list:
+    """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line.
+
+    ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
+    ``fix``: what the line tells the learner to do about a hang.
+    """
     import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
 
-    from workshop_lib.forklaunch import HangError, notebook_launch
+    from workshop_lib.forklaunch import HangError, LaunchTimeout, notebook_launch
     from workshop_lib.launch import LaunchError
 
     try:
-        return notebook_launch(fn, nprocs, *args, timeout=timeout, hang_after=HANG_AFTER)
+        return notebook_launch(fn, nprocs, *args, timeout=timeout,
+                               hang_after=HANG_AFTER if hang_after is None else hang_after)
     except HangError as err:
-        raise CheckFailed(_hang_message(err.diagnosis)) from None
+        raise CheckFailed(_hang_message(err.diagnosis, fix)) from None
+    except LaunchTimeout:
+        raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
+                          f"another rank never joins; {fix}") from None
     except LaunchError as err:
-        text = str(err)
-        if "NotImplementedError" in text:
+        if "NotImplementedError" in str(err):
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
-        if "did not finish" in text:
-            raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
-                              f"another rank never joins; every rank must call every collective") from None
-        raise CheckFailed(f"a rank failed: {text.splitlines()[0]}") from None
+        raise CheckFailed(f"a rank failed: {str(err).splitlines()[0]}") from None
 
 
 def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
@@ -172,18 +178,8 @@ def _spy_all_reduce(env: DistEnv, fn: Callable) -> dict:
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
-    from workshop_lib.forklaunch import HangError, notebook_launch
-    from workshop_lib.launch import LaunchError
-
-    try:
-        ranks = notebook_launch(_spy_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2))
-    except HangError as err:
-        raise CheckFailed(_hang_message(err.diagnosis, "every rank must call dist.all_reduce")) from None
-    except LaunchError as err:
-        if "did not finish" in str(err):
-            raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
-                              f"another rank never joins; every rank must call dist.all_reduce") from None
-        raise CheckFailed(f"a rank failed: {str(err).splitlines()[0]}") from None
+    ranks = run_on_ranks(_spy_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
+                         fix="every rank must call dist.all_reduce")
     expected = nprocs * (nprocs + 1) / 2
     if any(r["outcome"] == "todo" for r in ranks):
         raise CheckFailed(f"{fn.__name__} still raises NotImplementedError: fill in its TODO and run its cell again")

@@ -110,13 +110,18 @@ def pyspy_exe() -> str:
     return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 
 
+def pyspy_dump(pid: int, native: bool = False, timeout: float = 20.0) -> subprocess.CompletedProcess:
+    """``py-spy dump`` of ``pid`` (with C/C++ frames if ``native``), in plain text; OSError or TimeoutExpired if not."""
+    # A Jupyter kernel asks child processes for colours (FORCE_COLOR); plain text parses, and reads in a log.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
+    cmd = [pyspy_exe(), "dump", *(["--native"] if native else []), "--pid", str(pid)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def pyspy_stack(pid: int, show_all: bool = False, timeout: float = 20.0) -> list[str]:
     """The main thread's frames (outermost first) from ``py-spy dump``; raises RuntimeError if it cannot."""
-    exe = pyspy_exe()
     try:
-        # A Jupyter kernel asks child processes for colours (FORCE_COLOR); plain text parses.
-        env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
-        done = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout, env=env)
+        done = pyspy_dump(pid, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"py-spy did not run ({err})") from None
     if done.returncode != 0:

@@ -152,9 +152,6 @@ def set_threads(launch: LaunchEnv, device: torch.device) -> None:
         torch.set_num_threads(max(1, cores // launch.local_world_size))
 
 
-_set_threads = set_threads  # the name the fault tests use
-
-
 def rendezvous_store(launch: LaunchEnv, timeout: float = 120.0) -> dist.Store:
     """The store for ``init_process_group(store=...)``: in memory under plain python, else TCP, fresh per restart.
 

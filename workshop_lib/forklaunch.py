@@ -29,6 +29,10 @@ from workshop_lib.launch import LaunchError
 _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
+class LaunchTimeout(LaunchError):
+    """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
+
+
 class HangError(LaunchError):
     """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line."""
 
@@ -158,11 +162,11 @@ class _HangSeen(Exception):
 
 def _hang_in_logs(log_dir: str) -> str | None:
     """One line from the hang watch's block in a rank's log (who waits where; who never arrived), if there is one."""
-    from workshop_lib import hangreport, hangwatch
+    from workshop_lib import hangreport
 
     for text in _rank_logs(log_dir).values():
-        block = [line.split(hangwatch.PREFIX, 1)[1] for line in text.splitlines() if hangwatch.PREFIX in line]
-        if any(line.startswith("never arrived:") for line in block):
+        block = hangreport.block(text.splitlines())
+        if hangreport.names_a_missing_rank(block):
             return hangreport.one_line(block)
     return None
 
@@ -221,7 +225,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     except ChildFailedError as err:
         raise LaunchError(_failure_report(name, _failures(err), log_dir)) from None
     except TimeoutError as err:
-        raise LaunchError(_failure_report(name, [str(err)], log_dir)) from None
+        raise LaunchTimeout(_failure_report(name, [str(err)], log_dir)) from None
     except _HangSeen as hang:
         raise HangError(_failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang)) from None
     except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
@@ -257,13 +261,12 @@ def _dump_stacks(path: Path) -> None:
     """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
     import psutil
 
-    from workshop_lib.diagnose import pyspy_exe
+    from workshop_lib.diagnose import pyspy_dump
 
     parts = []
-    for child in psutil.Process().children(recursive=True):
+    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
         try:
-            done = subprocess.run([pyspy_exe(), "dump", "--native", "--pid", str(child.pid)], capture_output=True,
-                                  text=True, timeout=15, env={**os.environ, "NO_COLOR": "1"})
+            done = pyspy_dump(child.pid, native=True, timeout=15)
             parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
         except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
             parts.append(f"----- pid {child.pid}: no stack ({err})")

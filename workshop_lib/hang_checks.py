@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workshop_lib import hangwatch
+from workshop_lib import hangreport, hangwatch
 from workshop_lib.build import MINE, SOLUTIONS, write_script
 from workshop_lib.config import REPO_ROOT, TrainConfig, build_parser, parse_config
 from workshop_lib.distributed import read_launch_env
@@ -144,7 +144,7 @@ def errors(output: Sequence[str]) -> dict[int, str]:
 
 def diagnosis(output: Sequence[str]) -> list[str]:
     """The watch's block, without the rank labels."""
-    return [line.split(hangwatch.PREFIX, 1)[1] for line in output if hangwatch.PREFIX in line]
+    return hangreport.block(output)
 
 
 def run_broken(name: str, timeout: float = JOB_TIMEOUT) -> list[str]:

@@ -9,7 +9,10 @@ the answers, so the wording is tested without starting processes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Protocol
+
+PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
 
 
 class StuckCall(Protocol):
@@ -77,6 +80,16 @@ def diagnosis(rank: int, call: StuckCall, how: str, answers: dict[int, dict], wo
         if frames and frames[-1][3]:
             lines.append(f"      {frames[-1][0]}:{frames[-1][1]}: {frames[-1][3]}")
     return lines
+
+
+def block(lines: Iterable[str]) -> list[str]:
+    """The watch's block from a rank's output lines, without the prefix (nor a launcher's rank label before it)."""
+    return [line.split(PREFIX, 1)[1] for line in lines if PREFIX in line]
+
+
+def names_a_missing_rank(block: list[str]) -> bool:
+    """Does the block say that a rank never arrived (the others wait for it; it is not merely late)?"""
+    return any(line.startswith("never arrived: rank ") for line in block)
 
 
 _HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:, called at (.*))?$")

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from workshop_lib.hangreport import diagnosis
+from workshop_lib.hangreport import PREFIX, diagnosis
 
 # The Python collectives the watch wraps (those present in this torch); _broadcast_coalesced is
 # what DDP calls in its constructor and, with buffers (BatchNorm), at the start of each forward.
@@ -55,7 +55,6 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
                "scatter_object_list", "send", "recv", "_broadcast_coalesced")
-PREFIX = "hangwatch: "
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
 _HERE = os.path.abspath(__file__)

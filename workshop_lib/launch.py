@@ -144,6 +144,7 @@ class _EpochBar:
                 view = {"version_major": 2, "version_minor": 0, "model_id": self.bar.container.model_id}
                 self._display.update({"application/vnd.jupyter.widget-view+json": view, "text/plain": final},
                                      raw=True)
+            self.bar = None  # closed once, however many paths close it (Ctrl-C, then finally)
 
 
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
@@ -260,6 +261,10 @@ def _failure(what: str, output: Sequence[str]) -> str:
 
 
 def free_port() -> int:
+    """A port that was free a moment ago, for what must know its port before it starts (a second node, SLURM,
+    a JupyterLab server). Where the program can bind port 0 itself and report it (torchrun --standalone,
+    notebook_launch), let it: another process can take this one before it is used.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -10,17 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workshop_lib import scaling
+from workshop_lib import plots, scaling
 
 GB = 1e9
-
-
-def _figure(width: float = 6.4, height: float = 3.8):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(width, height))
-    plt.close(fig)  # shown by the caller (or the Output widget), once
-    return fig, ax
 
 
 def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str = "benchmark runs"):
@@ -33,7 +25,7 @@ def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str
     lo, hi = n * min(fit.together.batches), n * max(fit.together.batches)
     gs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
     model = [fit.alone(g) / fit.predict_step(g).seconds for g in gs]
-    fig, ax = _figure()
+    fig, (ax,) = plots._new_figure(width=6.4, height=3.8)
     ax.plot(gs, model, "-", color="tab:blue", label="model: inputs measured here")
     live = sorted((n * b, fit.alone(n * b) / fit.measured_step(b)) for b in fit.together.batches)
     ax.plot(*zip(*live, strict=True), "o", color="tab:red", ms=7, label="your lockstep steps (this cell)")
@@ -50,7 +42,7 @@ def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str
 
 def projections(curves: dict[str, list[dict]], title: str = "Projected efficiency"):
     """Efficiency against N for several (model, link) curves, each a ``scaling.project`` result."""
-    fig, ax = _figure(7.2, 4.2)
+    fig, (ax,) = plots._new_figure(width=7.2, height=4.2)
     for label, rows in curves.items():
         ax.plot([r["n"] for r in rows], [r["efficiency"] for r in rows], "o-", ms=3, label=label)
     ax.set_xscale("log", base=2)
@@ -71,7 +63,7 @@ class Explorer:
     def __init__(self, work: scaling.Workload = scaling.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
                  ns: Sequence[int] = tuple(scaling.ranks(1024))):
         self.work, self.alpha, self.ns = work, alpha, list(ns)
-        self.fig, self.ax = _figure()
+        self.fig, (self.ax,) = plots._new_figure(width=6.4, height=3.8)
         start = self.curve(work.params / 1e6, work.batch, 50.0, 0.0)
         (self.reference,) = self.ax.plot(self.ns, start, ":", color="gray",
                                          label=f"{work.name}, batch {work.batch}, 50 GB/s, no overlap")

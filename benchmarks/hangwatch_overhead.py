@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import hangwatch
-from workshop_lib.config import DEFAULT_DATA, REPO_ROOT, TrainConfig
+from workshop_lib.config import TrainConfig
 from workshop_lib.data import load_splits, make_loader
+from workshop_lib.debug import hangwatch
 from workshop_lib.distributed import read_launch_env
+from workshop_lib.paths import DEFAULT_DATA, REPO_ROOT
 from workshop_lib.train import build_model, build_optimizer
 
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "hangwatch_overhead.json"

@@ -1,6 +1,6 @@
 """``bench.py --parts model``: fit the scaling model here, and set its predictions beside the measured scaling.
 
-It measures the model's inputs on this machine (``workshop_lib.scaling_measure``:
+It measures the model's inputs on this machine (``workshop_lib.scaling.measure``:
 a step's compute against the batch, alone and with 2 ranks at once, the wait for
 the slower rank, gloo all-reduce time against message size), predicts samples/s
 of 1 x 1 and 2 x 1 at each global batch of the scaling table, and compares them
@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
-from workshop_lib import scaling
-from workshop_lib.scaling_measure import MachineFit, measure
+from workshop_lib.scaling import cost
+from workshop_lib.scaling.measure import MachineFit, measure
 
 
 def measured_scaling(results: Path, figures: dict | None = None) -> tuple[dict, str]:
@@ -53,11 +53,11 @@ def compare(fit: MachineFit, figures: dict, batches: list[int]) -> list[dict]:
 
 def projections(fit: MachineFit) -> list[dict]:
     lstm = fit.workload(64)
-    links = {"loopback (measured here)": fit.loopback(), **scaling.LINKS}
+    links = {"loopback (measured here)": fit.loopback(), **cost.LINKS}
     rows = []
-    for work in (lstm, *scaling.WORKLOADS.values()):
+    for work in (lstm, *cost.WORKLOADS.values()):
         for lname, link in links.items():
-            for r in scaling.project(work, link, scaling.ranks(link.max_ranks, 2)):
+            for r in cost.project(work, link, cost.ranks(link.max_ranks, 2)):
                 rows.append({"model": work.name, "link": lname, **r})
     return rows
 
@@ -79,7 +79,7 @@ def render(fit: MachineFit, rows: list[dict], source: str, proj: list[dict], che
         f"- gloo all-reduce on {fit.nprocs} ranks, fitted to the ring: alpha = {1e6 * fit.alpha:.0f} us per step, "
         f"beta = {fit.beta / 1e6:,.0f} MB/s; the LSTM's {fit.params:,} float32 gradients "
         f"({4 * fit.params / 1e3:.0f} KB) then take "
-        f"{1e3 * scaling.allreduce_seconds(4 * fit.params, fit.nprocs, fit.alpha, fit.beta):.2f} ms",
+        f"{1e3 * cost.allreduce_seconds(4 * fit.params, fit.nprocs, fit.alpha, fit.beta):.2f} ms",
         f"- compute per step, 1 rank alone, ms by batch: {ms(fit.alone)} "
         f"(least squares: {1e3 * fixed:.1f} ms + {1e6 * per:.0f} us per molecule)",
         f"- compute per step with {fit.nprocs} ranks at once, ms by per-rank batch: {ms(fit.together)}",
@@ -99,7 +99,7 @@ def render(fit: MachineFit, rows: list[dict], source: str, proj: list[dict], che
             lines.append(f"| {r['global_batch']} | {r['config']} | {r['compute_ms']:.1f} | {r['allreduce_ms']:.2f} "
                          f"| {r['straggler_ms']:.1f} | {r['step_ms']:.1f} | {r['predicted']:,.0f} "
                          f"| {'-' if r['measured'] is None else format(r['measured'], ',.0f')} | {_pct(r['error'])} |")
-    lines += ["\n## Checked against a published result\n", scaling.HOROVOD["source"] + ".\n",
+    lines += ["\n## Checked against a published result\n", cost.HOROVOD["source"] + ".\n",
               "| model | parameters | overlap | predicted efficiency at 512 | published | difference |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {c['model']} | {c['params'] / 1e6:.1f}M | {c['overlap']:.0%} | {c['predicted_efficiency']:.0%} "
@@ -125,7 +125,7 @@ def run(results: Path, figures: dict | None = None, quick: bool = False, command
         fit = measure(batches=tuple(sorted({64, *batches})), rank_batches=tuple(g // 2 for g in batches))
     seconds, load = time.perf_counter() - start, (load0, os.getloadavg()[0])
     rows, proj = compare(fit, figures, batches), projections(fit)
-    checks = scaling.horovod_check(0.0) + scaling.horovod_check(1.0)
+    checks = cost.horovod_check(0.0) + cost.horovod_check(1.0)
     results.mkdir(parents=True, exist_ok=True)
     (results / "model.json").write_text(json.dumps(
         {"command": command, "measured_from": source, "fit": fit.as_dict(), "seconds": seconds, "load_average": load,

@@ -36,9 +36,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from workshop_lib.cli import run_cli
-from workshop_lib.config import DEFAULT_DATA
 from workshop_lib.data import load_table
-from workshop_lib.files import write_atomic
+from workshop_lib.paths import DEFAULT_DATA, write_atomic
 from workshop_lib.split import stratified_split
 
 

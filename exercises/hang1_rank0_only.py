@@ -6,16 +6,41 @@
     torchrun --nproc_per_node=2 solutions/hangN_....py --limit 447 --epochs 1 --batch-size 32
 """
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import hang_checks
-from workshop_lib.config import TrainConfig
+from workshop_lib import distributed
+from workshop_lib.cli import run_cli
+from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import load_splits, make_eval_loader, make_loader
-from workshop_lib.hang_checks import replica_spread
+from workshop_lib.debug import hangwatch
 from workshop_lib.train import build_model, build_optimizer, evaluate, train_epoch
+
+
+def replica_spread(model: torch.nn.Module, world_size: int) -> float:
+    """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree). An all_gather."""
+    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
+    everyone = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(everyone, mine)
+    return max((w - everyone[0]).abs().max().item() for w in everyone)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_config(build_parser("a hang-lab script of notebooks/05_when_it_hangs.ipynb"), argv)
+    launch = distributed.read_launch_env()
+    device = torch.device("cuda", launch.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout))
+    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting 4 s (of 8): who is missing, where
+    try:
+        train(cfg, launch.rank, launch.world_size, device)
+    finally:
+        dist.destroy_process_group()
 
 
 def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
@@ -44,4 +69,4 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
 
 
 if __name__ == "__main__":
-    raise SystemExit(hang_checks.run(train))
+    raise SystemExit(run_cli(main))

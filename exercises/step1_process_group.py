@@ -24,6 +24,7 @@ from workshop_lib import distributed
 from workshop_lib.cli import run_cli
 from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import load_splits, make_eval_loader, make_loader
+from workshop_lib.debug import hangwatch
 from workshop_lib.distributed import DistEnv
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     raise NotImplementedError("fill in the TODO above")
     env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
                   local_world_size=launch.local_world_size, device=device, backend=backend)
+    hangwatch.install(store)  # a collective that waits too long names the rank it waits for (workshop_lib.debug)
     try:
         with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
             print(f"hello from {env.describe()}", flush=True)  # every rank speaks

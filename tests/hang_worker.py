@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workshop_lib import hangwatch
+from workshop_lib.debug import hangwatch
 
 
 def evaluate(seconds: float) -> None:

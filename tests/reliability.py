@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from workshop_lib.diagnose import pyspy_exe
+from workshop_lib.debug.stacks import pyspy_exe
 
 from .conftest import REPO, SOLUTIONS, cpu_env
 

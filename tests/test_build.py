@@ -8,8 +8,8 @@ import sys
 import nbformat
 import pytest
 
-from workshop_lib import build
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import build
 
 from .conftest import REPO
 

@@ -9,11 +9,12 @@ import time
 
 import pytest
 
-from workshop_lib import build, check
+from workshop_lib.checks import script
+from workshop_lib.lab import build
 
 from .conftest import REPO
 
-STEP1, STEP2, STEP3 = (REPO / "solutions" / f"{check.STEPS[s]}.py" for s in (1, 2, 3))
+STEP1, STEP2, STEP3 = (REPO / "solutions" / f"{script.STEPS[s]}.py" for s in (1, 2, 3))
 
 # (name, script, [(text in the solution, what replaces it)], what the checker's line must say)
 MISTAKES = [
@@ -95,7 +96,7 @@ def verdicts(tmp_path_factory):
     """Every mistake and the three untouched solutions, checked in one run of two ranks."""
     tmp = tmp_path_factory.mktemp("mistakes")
     paths = [_mutate(script, edits, tmp / f"{name}_{script.name}") for name, script, edits, _ in MISTAKES]
-    results = check.check_scripts([STEP1, STEP2, STEP3, *paths])
+    results = script.check_scripts([STEP1, STEP2, STEP3, *paths])
     return dict(zip(["step1", "step2", "step3", *(m[0] for m in MISTAKES)], results, strict=True))
 
 
@@ -117,34 +118,34 @@ def test_each_mistake_is_named(verdicts, name, expected):
 
 
 def test_the_unfilled_exercises_are_not_started(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(check, "MINE", tmp_path)  # no learner's scripts: the exercises themselves
-    assert check.main(["--all"]) == 1
+    monkeypatch.setattr(script, "MINE", tmp_path)  # no learner's scripts: the exercises themselves
+    assert script.main(["--all"]) == 1
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].split() == ["step", "script", "status", "mistake"]
-    assert [r.split()[2:] for r in rows[1:]] == [[f"exercises/{check.STEPS[s]}.py", "not", "started"] for s in (1, 2, 3)]
+    assert [r.split()[2:] for r in rows[1:]] == [[f"exercises/{script.STEPS[s]}.py", "not", "started"] for s in (1, 2, 3)]
 
 
 def test_a_partly_filled_exercise_is_run_not_called_unstarted(tmp_path):
     exercise = (build.EXERCISES / "step1_process_group.py").read_text()
-    assert exercise.count(check.TODO_LINE) >= 3
+    assert exercise.count(script.TODO_LINE) >= 3
     one_done = tmp_path / "step1_process_group.py"
-    one_done.write_text(exercise.replace(check.TODO_LINE, "pass", 1))
-    assert not check.not_started(one_done, 1)
-    assert check.not_started(build.EXERCISES / "step1_process_group.py", 1)
+    one_done.write_text(exercise.replace(script.TODO_LINE, "pass", 1))
+    assert not script.not_started(one_done, 1)
+    assert script.not_started(build.EXERCISES / "step1_process_group.py", 1)
 
 
 def test_the_step_comes_from_the_name_or_the_flag(tmp_path):
-    assert check.step_of(tmp_path / "step2_sampler.py") == 2
-    assert check.step_of(tmp_path / "mine.py", 3) == 3
-    with pytest.raises(check.WorkshopError, match=r"cannot tell the step of .*mine.py from its name; pass --step N"):
-        check.step_of(tmp_path / "mine.py")
+    assert script.step_of(tmp_path / "step2_sampler.py") == 2
+    assert script.step_of(tmp_path / "mine.py", 3) == 3
+    with pytest.raises(script.WorkshopError, match=r"cannot tell the step of .*mine.py from its name; pass --step N"):
+        script.step_of(tmp_path / "mine.py")
 
 
 def test_destroy_outside_finally_is_found_by_its_line():
     inside = "try:\n    work()\nfinally:\n    dist.destroy_process_group()\n"
     outside = "work()\ndist.destroy_process_group()\n"
-    assert check.destroy_outside_finally(inside) is None
-    assert check.destroy_outside_finally(outside) == 2
+    assert script.destroy_outside_finally(inside) is None
+    assert script.destroy_outside_finally(outside) == 2
 
 
 @pytest.mark.slow
@@ -166,6 +167,6 @@ def test_a_rank_that_skips_a_collective_is_named_within_the_time_limit(tmp_path)
                             "        spread = replica_spread(model, env) if env.is_main else 0.0\n")],
                    tmp_path / "step3_ddp.py")
     start = time.monotonic()
-    status, line = check.check_script(mine)
+    status, line = script.check_script(mine)
     assert time.monotonic() - start < 45  # stopped once the script's hang watch named rank 1 (5 s into the wait)
     assert status == "wrong" and "rank 1 skipped the all_gather that rank 0 called at line" in line, line

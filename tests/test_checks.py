@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import checks, checks_ddp, checks_group
+from workshop_lib.checks import baseline, common, ddp, group, sampler
 from workshop_lib.train import BestModel
 
 from .conftest import REPO
@@ -57,7 +57,7 @@ def sampler_from_the_group(dataset, cfg, env):
 
 
 def test_shards_pass_and_report_padding(capsys):
-    checks.shards(sampler_ok, indices_ok, n=11)
+    sampler.shards(sampler_ok, indices_ok, n=11)
     assert "4 ranks (2 a node) x 3 items: disjoint shards covering all 11 (1 padded duplicate)" in capsys.readouterr().out
 
 
@@ -72,12 +72,12 @@ def test_shards_pass_and_report_padding(capsys):
     (sampler_todo, indices_ok, "make_sampler still raises NotImplementedError"),
 ])
 def test_shards_name_the_mistake(make, indices, message):
-    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-        checks.shards(make, indices, n=11)
+    with pytest.raises(common.CheckFailed, match=re.escape(message)):
+        sampler.shards(make, indices, n=11)
 
 
 def test_check_failed_renders_as_one_line():
-    assert checks.CheckFailed("pass rank=").__class__._render_traceback_(checks.CheckFailed("pass rank=")) == [
+    assert common.CheckFailed("pass rank=").__class__._render_traceback_(common.CheckFailed("pass rank=")) == [
         "\N{BALLOT X} pass rank="]
 
 
@@ -118,7 +118,7 @@ def reduce_rank0_while_rank1_sleeps(env):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_passes(capsys):
-    checks.all_reduce(reduce_ok)
+    group.all_reduce(reduce_ok)
     assert "each of 2 ranks contributed rank + 1, all_reduce(SUM) left 3 on every rank" in capsys.readouterr().out
 
 
@@ -130,27 +130,27 @@ def test_all_reduce_passes(capsys):
     (reduce_never, "no rank called dist.all_reduce"),
 ])
 def test_all_reduce_names_the_mistake(fn, message):
-    with pytest.raises(checks.CheckFailed, match=message):
-        checks.all_reduce(fn)
+    with pytest.raises(common.CheckFailed, match=message):
+        group.all_reduce(fn)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_on_one_rank_only_is_a_hang_explained():
-    with pytest.raises(checks.CheckFailed, match=r"rank 1 never called dist\.all_reduce while other ranks did"):
-        checks.all_reduce(reduce_only_rank0, timeout=8)
+    with pytest.raises(common.CheckFailed, match=r"rank 1 never called dist\.all_reduce while other ranks did"):
+        group.all_reduce(reduce_only_rank0, timeout=8)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_it(monkeypatch):
-    monkeypatch.setattr(checks, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
+    monkeypatch.setattr(common, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
     started = time.monotonic()
-    with pytest.raises(checks.CheckFailed, match=r"^rank 0 waits in all_reduce #1 \(called at tests/test_checks\.py:\d+ in "
+    with pytest.raises(common.CheckFailed, match=r"^rank 0 waits in all_reduce #1 \(called at tests/test_checks\.py:\d+ in "
                        r"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "
                        r"reduce_rank0_while_rank1_sleeps\(\) at tests/test_checks\.py:\d+: every rank must call "
                        r"dist\.all_reduce, or the others wait for it$"):
-        checks.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
+        group.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
     assert time.monotonic() - started < 40  # the watch's 3 s and a second, not the 60 s timeout
 
 
@@ -174,7 +174,7 @@ def _solution(step: str, *edits: tuple[str, str]):
 # ------------------------------------------------------------------ 01: main (in-process, faked)
 
 def test_process_group_passes(capsys):
-    checks_group.process_group(_solution("step1_process_group").main)
+    group.process_group(_solution("step1_process_group").main)
     assert "joined as rank 3 of 4; left the group even when the training raised" in capsys.readouterr().out
 
 
@@ -183,8 +183,8 @@ def test_process_group_of_the_unfilled_exercise_asks_for_the_todos():
     spec = importlib.util.spec_from_file_location("exercise_step1", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with pytest.raises(checks.CheckFailed, match="main still raises NotImplementedError: fill in its TODOs"):
-        checks_group.process_group(module.main)
+    with pytest.raises(common.CheckFailed, match="main still raises NotImplementedError: fill in its TODOs"):
+        group.process_group(module.main)
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -204,8 +204,8 @@ def test_process_group_of_the_unfilled_exercise_asks_for_the_todos():
      "when the training raised, main called dist.destroy_process_group 0 time(s)"),
 ])
 def test_process_group_names_the_mistake(edit, message):
-    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-        checks_group.process_group(_solution("step1_process_group", edit).main)
+    with pytest.raises(common.CheckFailed, match=re.escape(message)):
+        group.process_group(_solution("step1_process_group", edit).main)
 
 
 # ------------------------------------------------------ 02 and 03: train on 2 forked ranks
@@ -226,11 +226,11 @@ SET_EPOCH = "        sampler.set_epoch(epoch)  # a new shuffle each epoch, the s
 def test_epoch_loop(edits, message, capsys):
     train = _solution("step2_sampler", *edits).train
     if message is None:
-        checks.epoch_loop(train)
+        sampler.epoch_loop(train)
         assert "the sampler was read in epochs [0, 1], each after its set_epoch" in capsys.readouterr().out
     else:
-        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-            checks.epoch_loop(train)
+        with pytest.raises(common.CheckFailed, match=re.escape(message)):
+            sampler.epoch_loop(train)
 
 
 @pytest.mark.slow
@@ -247,23 +247,23 @@ def test_epoch_loop(edits, message, capsys):
 def test_rank0_duties(edits, message, capsys):
     train = _solution("step3_ddp", *edits).train
     if message is None:
-        checks_ddp.rank0_duties(train)
+        ddp.rank0_duties(train)
         assert "only global rank 0 evaluated and saved" in capsys.readouterr().out
     else:
-        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-            checks_ddp.rank0_duties(train)
+        with pytest.raises(common.CheckFailed, match=re.escape(message)):
+            ddp.rank0_duties(train)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_rank0_duties_names_a_rank_that_skips_a_collective_without_waiting_for_the_timeout(monkeypatch):
-    monkeypatch.setattr(checks, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
+    monkeypatch.setattr(common, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
     skip = ("        stats = replace(stats, loss=mean_over_ranks(",
             "        if env.is_main:\n            stats = replace(stats, loss=mean_over_ranks(")
     train = _solution("step3_ddp", skip).train
     started = time.monotonic()
-    with pytest.raises(checks.CheckFailed) as err:
-        checks_ddp.rank0_duties(train)
+    with pytest.raises(common.CheckFailed) as err:
+        ddp.rank0_duties(train)
     assert time.monotonic() - started < 60  # not the check's 120 s timeout
     # both ranks wait (rank 0 in the all_reduce, rank 1 in the next all_gather): the first to notice speaks
     assert re.fullmatch(
@@ -298,7 +298,7 @@ def wrap_global_rank(model, env):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_wrap_passes(capsys):
-    checks_ddp.ddp_wrap(wrap_ok)
+    ddp.ddp_wrap(wrap_ok)
     assert "DDP made them equal" in capsys.readouterr().out
 
 
@@ -309,8 +309,8 @@ def test_ddp_wrap_passes(capsys):
     (wrap_global_rank, "as rank 3 of 4 (local rank 1) on a GPU, wrap gave device_ids=[3], the global rank"),
 ])
 def test_ddp_wrap_names_the_mistake(fn, message):
-    with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-        checks_ddp.ddp_wrap(fn)
+    with pytest.raises(common.CheckFailed, match=re.escape(message)):
+        ddp.ddp_wrap(fn)
 
 
 def mean_ok(value, env):
@@ -345,11 +345,11 @@ def mean_todo(value, env):
 ])
 def test_mean_over_ranks(fn, message, capsys):
     if message is None:
-        checks_ddp.mean_over_ranks(fn)
+        ddp.mean_over_ranks(fn)
         assert "ranks holding 1 and 3 both got 2, the mean" in capsys.readouterr().out
     else:
-        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-            checks_ddp.mean_over_ranks(fn)
+        with pytest.raises(common.CheckFailed, match=re.escape(message)):
+            ddp.mean_over_ranks(fn)
 
 
 def by_hand_ok(model, env):
@@ -376,11 +376,11 @@ def by_hand_nothing(model, env):
 ])
 def test_average_gradients(fn, message, capsys):
     if message is None:
-        checks_ddp.average_gradients(fn)
+        ddp.average_gradients(fn)
         assert "the weights match DDP's on all 2 ranks" in capsys.readouterr().out
     else:
-        with pytest.raises(checks.CheckFailed, match=re.escape(message)):
-            checks_ddp.average_gradients(fn)
+        with pytest.raises(common.CheckFailed, match=re.escape(message)):
+            ddp.average_gradients(fn)
 
 
 # ------------------------------------------------------------ train loop (in-process)
@@ -426,7 +426,7 @@ def body_no_report(epoch, model, loader, dev, opt, device, best, report, train_e
 
 @pytest.mark.timeout(120)
 def test_train_loop_passes(capsys):
-    checks.train_loop(_loop_train(body_ok))
+    baseline.train_loop(_loop_train(body_ok))
     assert capsys.readouterr().out.startswith("\N{CHECK MARK} train ran 2 epochs")
 
 
@@ -436,8 +436,8 @@ def test_train_loop_passes(capsys):
     (body_no_report, "0 epochs were reported"),
 ])
 def test_train_loop_names_the_mistake(body, message):
-    with pytest.raises(checks.CheckFailed, match=message):
-        checks.train_loop(_loop_train(body))
+    with pytest.raises(common.CheckFailed, match=message):
+        baseline.train_loop(_loop_train(body))
 
 
 # ----------------------------------------------------------------- torchrun results
@@ -451,9 +451,9 @@ class _Result(dict):
 def test_sharded_run_checks_each_rank_and_the_drift(capsys):
     lines = ["[rank 0] rank 0: 144 of 288 training molecules per epoch",
              "[rank 1] rank 1: 144 of 288 training molecules per epoch"]
-    checks.sharded_run(_Result({"replica_spread": 0.02}, lines))
+    sampler.sharded_run(_Result({"replica_spread": 0.02}, lines))
     assert "144 of 288" in capsys.readouterr().out
-    with pytest.raises(checks.CheckFailed, match="rank 1 trained on 288 of 288"):
-        checks.sharded_run(_Result({"replica_spread": 0.02}, [lines[0], "[rank 1] rank 1: 288 of 288 training molecules"]))
-    with pytest.raises(checks.CheckFailed, match="should drift apart"):
-        checks.sharded_run(_Result({"replica_spread": 0.0}, lines))
+    with pytest.raises(common.CheckFailed, match="rank 1 trained on 288 of 288"):
+        sampler.sharded_run(_Result({"replica_spread": 0.02}, [lines[0], "[rank 1] rank 1: 288 of 288 training molecules"]))
+    with pytest.raises(common.CheckFailed, match="should drift apart"):
+        sampler.sharded_run(_Result({"replica_spread": 0.0}, lines))

@@ -7,10 +7,10 @@ import contextlib
 import pytest
 import torch.nn.functional as F
 
-from workshop_lib import checks_beyond
-from workshop_lib.checks import CheckFailed
-from workshop_lib.config import DEFAULT_DATA
+from workshop_lib.checks import beyond
+from workshop_lib.checks.common import CheckFailed
 from workshop_lib.data import load_splits
+from workshop_lib.paths import DEFAULT_DATA
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # each case forks 2 ranks
 
@@ -56,7 +56,7 @@ def todo(model, optimizer, batches, accum):
 
 
 def test_the_solution_passes(capsys):
-    checks_beyond.accumulation(make_loop(), batches_of, vocab())
+    beyond.accumulation(make_loop(), batches_of, vocab())
     assert capsys.readouterr().out.startswith("\N{CHECK MARK} train_accumulating: 2 steps of 4 micro-batches x 2 ranks")
 
 
@@ -70,5 +70,5 @@ def test_the_solution_passes(capsys):
 ], ids=["todo", "no no_sync", "forward outside no_sync", "loss not divided", "no zero_grad", "sync on the first"])
 def test_each_mistake_is_named(loop, named):
     with pytest.raises(CheckFailed, match=None) as err:
-        checks_beyond.accumulation(loop, batches_of, vocab())
+        beyond.accumulation(loop, batches_of, vocab())
     assert named in str(err.value), str(err.value)

@@ -17,7 +17,7 @@ from functools import cache
 import nbformat
 import pytest
 
-from workshop_lib.config import REPO_ROOT
+from workshop_lib.paths import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 RESULTS = REPO_ROOT / "benchmarks" / "results"

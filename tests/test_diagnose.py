@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from workshop_lib import diagnose
-from workshop_lib.diagnose import Rank, side_by_side
+from workshop_lib.debug import stacks
+from workshop_lib.debug.stacks import Rank, side_by_side
 
 from .conftest import REPO, cpu_env
 from .reliability import pyspy_attaches
@@ -36,13 +36,13 @@ def test_columns_line_up_the_innermost_frames():
 
 
 def test_a_handler_for_sigusr1_is_seen_before_signalling():
-    before = diagnose._catches_sigusr1(os.getpid())
+    before = stacks._catches_sigusr1(os.getpid())
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        assert diagnose._catches_sigusr1(os.getpid())
+        assert stacks._catches_sigusr1(os.getpid())
     finally:
         faulthandler.unregister(signal.SIGUSR1)
-    assert diagnose._catches_sigusr1(os.getpid()) == before
+    assert stacks._catches_sigusr1(os.getpid()) == before
 
 
 @pytest.mark.slow
@@ -63,14 +63,14 @@ def test_diagnose_shows_both_ranks_of_a_waiting_job_with_py_spy_and_with_the_sig
         time.sleep(1)  # rank 0 is now in its second all_reduce, rank 1 in evaluate()
         waiting, busy = f"hang_worker.py:{line_of('rank 0 waits here')}", f"hang_worker.py:{line_of('rank 1 is here')}"
 
-        text = diagnose.main([str(job.pid), "--width", "70"])
+        text = stacks.main([str(job.pid), "--width", "70"])
         assert "rank 0 (pid" in text and "rank 1 (pid" in text, text
         assert waiting in text and busy in text, text
         if pyspy_attaches():
             assert "SIGUSR1" not in text, text  # py-spy attached; without ptrace rights the signal answered instead
 
         workers = [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
-        text = diagnose.main([str(workers[-1]), "--no-py-spy", "--width", "70"])  # by a rank's pid, via the signal
+        text = stacks.main([str(workers[-1]), "--no-py-spy", "--width", "70"])  # by a rank's pid, via the signal
         assert waiting in text and busy in text, text
         assert f"SIGUSR1 -> {log}" in text, text
     finally:

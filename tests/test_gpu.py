@@ -16,9 +16,9 @@ import sys
 import pytest
 import torch
 
-from workshop_lib.config import DEFAULT_DATA
 from workshop_lib.data import load_splits
 from workshop_lib.model import SmilesLSTM
+from workshop_lib.paths import DEFAULT_DATA
 
 from .conftest import REPO, SOLUTIONS
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from workshop_lib import hang_checks
-from workshop_lib.build import EXERCISES, SOLUTIONS
-from workshop_lib.hang_checks import LABS
+from workshop_lib.checks import hang_labs
+from workshop_lib.checks.hang_labs import LABS
+from workshop_lib.lab.build import EXERCISES, SOLUTIONS
 
 HANGS = ["hang1_rank0_only", "hang2_uneven", "hang3_shapes", "hang4_batchnorm_eval"]
 
@@ -20,7 +20,7 @@ HANGS = ["hang1_rank0_only", "hang2_uneven", "hang3_shapes", "hang4_batchnorm_ev
 def test_the_broken_version_is_the_solution_with_one_line_changed(name):
     lab = LABS[name]
     solution = (SOLUTIONS / f"{name}.py").read_text().splitlines()
-    broken = hang_checks.write_broken(name).read_text().splitlines()
+    broken = hang_labs.write_broken(name).read_text().splitlines()
     changed = [(a.strip(), b.strip()) for a, b in zip(solution[2:], broken[2:], strict=True) if a != b]
     assert changed == [(lab.fixed, lab.broken)]
     exercise = (EXERCISES / f"{name}.py").read_text()
@@ -34,7 +34,7 @@ def broken_runs():
 
     def run(name):
         start = time.monotonic()
-        finished, output = hang_checks._launch(hang_checks.write_broken(name), LABS[name], hang_checks.JOB_TIMEOUT)
+        finished, output = hang_labs._launch(hang_labs.write_broken(name), LABS[name], hang_labs.JOB_TIMEOUT)
         runs[name] = (finished, time.monotonic() - start, output)
 
     threads = [threading.Thread(target=run, args=(name,)) for name in LABS]
@@ -54,8 +54,8 @@ def rank_line(said: list[str], rank: int) -> str:
 @pytest.mark.parametrize("name", HANGS)
 def test_a_broken_lab_ends_in_time_and_says_who_never_arrived_and_where_each_rank_is(broken_runs, name):
     finished, seconds, output = broken_runs[name]
-    said = hang_checks.diagnosis(output)
-    assert not finished and seconds < hang_checks.JOB_TIMEOUT, (seconds, output[-40:])
+    said = hang_labs.diagnosis(output)
+    assert not finished and seconds < hang_labs.JOB_TIMEOUT, (seconds, output[-40:])
     text = "\n".join(said)
     guilty = re.search(r"^never arrived: rank (\d)$", text, re.M)
     assert guilty, text
@@ -72,8 +72,8 @@ def test_a_broken_lab_ends_in_time_and_says_who_never_arrived_and_where_each_ran
 @pytest.mark.timeout(300)
 def test_the_unused_parameter_lab_fails_on_both_ranks_with_the_line_of_the_forward(broken_runs):
     finished, seconds, output = broken_runs["hang5_unused"]
-    assert not finished and seconds < hang_checks.JOB_TIMEOUT
-    ended = hang_checks.errors(output)
+    assert not finished and seconds < hang_labs.JOB_TIMEOUT
+    ended = hang_labs.errors(output)
     assert set(ended) == {0, 1} and all("finished reduction" in e for e in ended.values()), ended
     for rank in (0, 1):
         assert any(line.startswith(f"[rank {rank}]") and "train.py\", line" in line for line in output), output[-40:]
@@ -83,5 +83,5 @@ def test_the_unused_parameter_lab_fails_on_both_ranks_with_the_line_of_the_forwa
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("name", ["hang2_uneven"])
 def test_the_fixed_lab_finishes(name, capsys):
-    assert hang_checks.check_fix(name, script=SOLUTIONS / f"{name}.py")
+    assert hang_labs.check_fix(name, script=SOLUTIONS / f"{name}.py")
     assert "✓ the job finished on both ranks: done:" in capsys.readouterr().out

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workshop_lib import hangwatch
-from workshop_lib.hangreport import diagnosis, one_line
-from workshop_lib.hangwatch import Call
+from workshop_lib.debug import hangwatch
+from workshop_lib.debug.hangreport import diagnosis, one_line
+from workshop_lib.debug.hangwatch import Call
 
 from .conftest import REPO, run_torchrun
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from workshop_lib.launch import free_port
+from workshop_lib.lab.launch import free_port
 
 from .conftest import REPO, cpu_env
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from workshop_lib import forklaunch, launch
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import forklaunch, launch
 
 from .conftest import SOLUTIONS
 from .reliability import pyspy_attaches, still_alive

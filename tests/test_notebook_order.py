@@ -17,9 +17,9 @@ import nbformat
 import pytest
 import torch
 
-from workshop_lib import forklaunch
-from workshop_lib.config import REPO_ROOT
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import forklaunch
+from workshop_lib.paths import REPO_ROOT
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

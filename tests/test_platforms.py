@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch.distributed as dist
 
-from workshop_lib import forklaunch
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import forklaunch
 
 
 def rank_and_world(env):

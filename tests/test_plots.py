@@ -1,4 +1,4 @@
-"""workshop_lib.plots: the figures read the right data and label their axes."""
+"""workshop_lib.lab.plots: the figures read the right data and label their axes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import plots
 from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import plots
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, EpochStats
 

@@ -1,4 +1,4 @@
-"""The scaling model (workshop_lib/scaling.py), its measured inputs, the bench part and the notebook's sliders."""
+"""The scaling model (workshop_lib/scaling/cost.py), its measured inputs, the bench part and the notebook's sliders."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from workshop_lib import scaling
 from workshop_lib.errors import WorkshopError
-from workshop_lib.scaling import ComputeCurve, allreduce_seconds, fit_alpha_beta
-from workshop_lib.scaling_explorer import Explorer
-from workshop_lib.scaling_measure import MachineFit
+from workshop_lib.scaling import cost
+from workshop_lib.scaling.cost import ComputeCurve, allreduce_seconds, fit_alpha_beta
+from workshop_lib.scaling.explorer import Explorer
+from workshop_lib.scaling.measure import MachineFit
 
 from .conftest import REPO, cpu_env
 
@@ -78,28 +78,28 @@ def test_compute_curve_interpolates_and_extends():
 
 
 def test_a_step_adds_compute_the_exposed_all_reduce_and_the_straggler():
-    work = scaling.Workload("w", 1e6, ComputeCurve((32,), (0.03,)), batch=32)
-    link = scaling.Link("l", 1e-5, 1e9, 8)
+    work = cost.Workload("w", 1e6, ComputeCurve((32,), (0.03,)), batch=32)
+    link = cost.Link("l", 1e-5, 1e9, 8)
     ar = allreduce_seconds(4e6, 4, 1e-5, 1e9)
-    s = scaling.step(work, link, 4, contention=1.5, straggler=0.002)
+    s = cost.step(work, link, 4, contention=1.5, straggler=0.002)
     assert (s.compute, s.exposed, s.straggler) == (pytest.approx(0.045), pytest.approx(ar), 0.002)
     assert s.samples_per_second == pytest.approx(4 * 32 / (0.045 + ar + 0.002))
-    hidden = scaling.step(work, link, 4, overlap=1.0)  # backward (2/3 of 30 ms) is longer than the all-reduce
+    hidden = cost.step(work, link, 4, overlap=1.0)  # backward (2/3 of 30 ms) is longer than the all-reduce
     assert hidden.exposed == 0.0 and hidden.allreduce == pytest.approx(ar)
-    accum = scaling.step(work, link, 4, accumulation=4)  # 4 micro-batches, one all-reduce
+    accum = cost.step(work, link, 4, accumulation=4)  # 4 micro-batches, one all-reduce
     assert accum.compute == pytest.approx(0.12) and accum.exposed == pytest.approx(ar) and accum.samples == 128
     with pytest.raises(WorkshopError, match="not a share"):
-        scaling.step(work, link, 2, overlap=1.5)
+        cost.step(work, link, 2, overlap=1.5)
 
 
 def test_large_parameter_models_scale_worse_than_compute_heavy_ones():
-    checks = {c["model"]: c for c in scaling.horovod_check(0.0)}
+    checks = {c["model"]: c for c in cost.horovod_check(0.0)}
     assert checks["VGG-16"]["predicted_efficiency"] < checks["ResNet-101"]["predicted_efficiency"]
     for c in checks.values():  # within 15 points of Horovod's published figures
         assert abs(c["error_points"]) < 15
-    ib = scaling.LINKS["InfiniBand NDR, nodes of 8"]
-    for work in scaling.WORKLOADS.values():
-        eff = [r["efficiency"] for r in scaling.project(work, ib)]
+    ib = cost.LINKS["InfiniBand NDR, nodes of 8"]
+    for work in cost.WORKLOADS.values():
+        eff = [r["efficiency"] for r in cost.project(work, ib)]
         assert eff[0] == pytest.approx(1.0) and all(a >= b for a, b in itertools.pairwise(eff))
 
 
@@ -188,10 +188,10 @@ def test_moving_a_slider_calls_the_callback():
 
 
 def test_the_three_questions_are_checked_against_the_model():
-    from workshop_lib.checks import CheckFailed
-    from workshop_lib.scaling_explorer import check, doubling_stops_paying
+    from workshop_lib.checks.common import CheckFailed
+    from workshop_lib.scaling.explorer import check, doubling_stops_paying
 
-    rows = scaling.project(scaling.WORKLOADS["ResNet-50"], scaling.LINKS["Ethernet 25 Gb/s, nodes of 8"],
+    rows = cost.project(cost.WORKLOADS["ResNet-50"], cost.LINKS["Ethernet 25 Gb/s, nodes of 8"],
                            global_batch=4096)
     n = doubling_stops_paying(rows)
     by_n = {r["n"]: r["samples_per_second"] for r in rows}
@@ -202,5 +202,5 @@ def test_the_three_questions_are_checked_against_the_model():
     check("accumulation", "b")
     with pytest.raises(CheckFailed, match="not it"):
         check("overlap", "a")
-    nvlink = scaling.project(scaling.WORKLOADS["ResNet-50"], scaling.LINKS["NVLink, 8 GPUs"], global_batch=4096)
+    nvlink = cost.project(cost.WORKLOADS["ResNet-50"], cost.LINKS["NVLink, 8 GPUs"], global_batch=4096)
     assert doubling_stops_paying(nvlink) is None  # within one NVLink node it always pays

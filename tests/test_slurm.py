@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workshop_lib.launch import free_port
+from workshop_lib.lab.launch import free_port
 
 from .conftest import REPO, cpu_env
 from .reliability import RUN, environ_of, reference_metrics, same_results

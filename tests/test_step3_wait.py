@@ -17,8 +17,9 @@ import traceback
 
 import pytest
 
-from workshop_lib import forklaunch
-from workshop_lib.config import REPO_ROOT, TrainConfig
+from workshop_lib.config import TrainConfig
+from workshop_lib.lab import forklaunch
+from workshop_lib.paths import REPO_ROOT
 
 
 def _rank(env, out):

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from workshop_lib.config import TrainConfig, training_fields
 from workshop_lib.distributed import DistEnv, read_launch_env
 from workshop_lib.errors import WorkshopError
-from workshop_lib.files import write_atomic
+from workshop_lib.paths import write_atomic
 
 SNAPSHOT = "snapshot.pt"
 FORMAT = 2

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO_ROOT / "dataset" / "b3db_classification.csv"
+from workshop_lib.paths import DEFAULT_DATA
 
 
 def _positive_int(text: str) -> int:

@@ -35,7 +35,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workshop_lib import hangwatch
 from workshop_lib.errors import WorkshopError
 
 
@@ -243,11 +242,9 @@ def failure_relay(store: dist.Store, env: DistEnv, timeout: float = 120.0):
     because of another rank raises one WorkshopError naming that rank and its reason,
     instead of torch's "connection closed by peer". A group of one passes errors through.
 
-    It also starts :mod:`workshop_lib.hangwatch` on ``store``: when a collective has
-    waited a quarter of the group's timeout, or broke, the waiting rank prints which
-    rank never arrived and where each rank is (``dist.destroy_process_group`` stops it).
+    It patches nothing: a rank that *hangs* is the hang watch's job (:mod:`workshop_lib.debug.hangwatch`),
+    which a script installs with its own visible line.
     """
-    hangwatch.install(store)
     try:
         yield
     except Exception as err:

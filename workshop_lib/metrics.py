@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workshop_lib.files import write_atomic
+from workshop_lib.paths import write_atomic
 
 REQUIRED = ("script", "world_size", "backend", "device", "epochs", "global_batch_size", "best_epoch",
             "dev_roc_auc", "heldout_roc_auc", "train_seconds", "train_samples_per_second")

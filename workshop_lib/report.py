@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from workshop_lib.config import REPO_ROOT, TrainConfig
+from workshop_lib.config import TrainConfig
 from workshop_lib.distributed import DistEnv
 from workshop_lib.errors import WorkshopError
 from workshop_lib.metrics import write_metrics
+from workshop_lib.paths import REPO_ROOT
 from workshop_lib.train import BestModel, EpochStats
 
 

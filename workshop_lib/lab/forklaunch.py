@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
-from workshop_lib.launch import LaunchError
+from workshop_lib.lab.launch import LaunchError
 
 # torch's launcher logs a failed rank's whole traceback to stderr ("E1202 ... api.py:836] ...");
 # during a launch these loggers write to the launch's log file instead, which the error names.
@@ -49,7 +49,8 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
     gc.freeze()
     import torch.distributed as dist
 
-    from workshop_lib import distributed, hangwatch
+    from workshop_lib import distributed
+    from workshop_lib.debug import hangwatch
 
     # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
     # characters interleaved into the cell: each rank writes to its own file instead.
@@ -162,7 +163,7 @@ class _HangSeen(Exception):
 
 def _hang_in_logs(log_dir: str) -> str | None:
     """One line from the hang watch's block in a rank's log (who waits where; who never arrived), if there is one."""
-    from workshop_lib import hangreport
+    from workshop_lib.debug import hangreport
 
     for text in _rank_logs(log_dir).values():
         block = hangreport.block(text.splitlines())
@@ -195,7 +196,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     the file that holds every rank's output and the launcher's log.
 
     ``hang_after``: seconds a collective may wait before the ranks count as hung
-    (:mod:`workshop_lib.hangwatch` then names the rank that never arrived, and a
+    (:mod:`workshop_lib.debug.hangwatch` then names the rank that never arrived, and a
     HangError stops the launch early); None waits out ``timeout``.
     """
     import torch
@@ -261,7 +262,7 @@ def _dump_stacks(path: Path) -> None:
     """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
     import psutil
 
-    from workshop_lib.diagnose import pyspy_dump
+    from workshop_lib.debug.stacks import pyspy_dump
 
     parts = []
     for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started

@@ -1,7 +1,7 @@
 """Figures for the scaling model, and sliders that move its efficiency curve.
 
 ``Explorer.update(...)`` is the sliders' callback: it recomputes the curve with
-``workshop_lib.scaling`` and sets the plotted line's data, so it can be called
+``workshop_lib.scaling.cost`` and sets the plotted line's data, so it can be called
 (and tested) without a browser; ``Explorer.widgets()`` wires ipywidgets sliders
 to it. Nothing is imported until it is needed.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workshop_lib import plots, scaling
+from workshop_lib.lab import plots
+from workshop_lib.scaling import cost
 
 GB = 1e9
 
@@ -41,7 +42,7 @@ def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str
 
 
 def projections(curves: dict[str, list[dict]], title: str = "Projected efficiency"):
-    """Efficiency against N for several (model, link) curves, each a ``scaling.project`` result."""
+    """Efficiency against N for several (model, link) curves, each a ``cost.project`` result."""
     fig, (ax,) = plots._new_figure(width=7.2, height=4.2)
     for label, rows in curves.items():
         ax.plot([r["n"] for r in rows], [r["efficiency"] for r in rows], "o-", ms=3, label=label)
@@ -60,8 +61,8 @@ class Explorer:
     and ``alpha`` latency, ring bandwidth with tree latency, ``ns`` ranks.
     """
 
-    def __init__(self, work: scaling.Workload = scaling.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
-                 ns: Sequence[int] = tuple(scaling.ranks(1024))):
+    def __init__(self, work: cost.Workload = cost.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
+                 ns: Sequence[int] = tuple(cost.ranks(1024))):
         self.work, self.alpha, self.ns = work, alpha, list(ns)
         self.fig, (self.ax,) = plots._new_figure(width=6.4, height=3.8)
         start = self.curve(work.params / 1e6, work.batch, 50.0, 0.0)
@@ -78,8 +79,8 @@ class Explorer:
 
     def curve(self, params_m: float, batch: int, bandwidth_gbs: float, overlap: float) -> list[float]:
         work = self.work.scaled(params_m * 1e6)
-        link = scaling.Link("slider", self.alpha, bandwidth_gbs * GB, max(self.ns), algorithm="double-tree")
-        return [r["efficiency"] for r in scaling.project(work, link, self.ns, batch=batch, overlap=overlap)]
+        link = cost.Link("slider", self.alpha, bandwidth_gbs * GB, max(self.ns), algorithm="double-tree")
+        return [r["efficiency"] for r in cost.project(work, link, self.ns, batch=batch, overlap=overlap)]
 
     def update(self, params_m: float, batch: int, bandwidth_gbs: float, overlap: float) -> dict[int, float]:
         """The sliders' callback: recompute the curve, set the line's data, return {N: efficiency}."""
@@ -144,7 +145,7 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
 
 def check(question: str, answer, rows: list[dict] | None = None) -> None:
     """Check an answer to one of the three questions; print a tick, or raise CheckFailed with a hint."""
-    from workshop_lib.checks import CheckFailed
+    from workshop_lib.checks.common import CheckFailed
 
     if question == "doubling":
         expected = doubling_stops_paying(rows)

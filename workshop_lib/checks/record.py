@@ -1,15 +1,14 @@
 """Watching what one rank does: the calls that make a script distributed, recorded as they happen.
 
-Used by the exercise checks: :mod:`workshop_lib.check` runs a learner's step
+Used by the exercise checks: :mod:`workshop_lib.checks.script` runs a learner's step
 script on two ranks, each inside :func:`run_rank`; the notebook checks run the
 learner's functions on forked ranks under :func:`spying`. Either way every rank
 records, in order, its calls to ``init_process_group``, ``destroy_process_group``,
 ``torch.cuda.set_device``, the collectives (on entry and on return), the
 ``DistributedSampler`` it built, each ``set_epoch`` and each read of the sampler,
-the DDP wrap, ``evaluate`` and ``torch.save``. :mod:`workshop_lib.verdict`
+the DDP wrap, ``evaluate`` and ``torch.save``. :mod:`workshop_lib.checks.rules`
 reads the records and names the mistake.
 
-    python -m workshop_lib.spy MANIFEST.json   # one rank, RANK from the environment (the checker starts these)
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,76 +188,3 @@ def record_calls(rec: Recorder, namespace: dict, name: str) -> None:
         return result
 
     namespace[name] = spy
-
-
-def _load(script: Path, name: str):
-    """The script as a module (its ``__main__`` guard does not run)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_script(events: Path, script: Path, argv: list[str], name: str = "learner_script") -> bool:
-    """Load the learner's script, run its main(argv) under spying, record how it ended; True if it returned."""
-    rec = Recorder(events)
-    rec.add("start", pid=os.getpid())
-    try:
-        module = _load(script, name)
-        record_calls(rec, module.__dict__, "mean_over_ranks")
-        with spying(rec, module.__dict__):
-            result = module.main(argv)
-        spread = result.get("replica_spread") if isinstance(result, dict) else None
-        rec.add("end", ok=True, replica_spread=spread)
-        return True
-    except BaseException as err:  # every failure is an outcome to report
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == str(script)]
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        rec.add("end", ok=False, error=type(err).__name__, message=first, at=frames[-1].lineno if frames else None)
-        return False
-    finally:
-        if dist.is_available() and dist.is_initialized():  # a script that never left: the next one must join afresh
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        dist.distributed_c10d._world.group_count = 0  # the next script's group keys start where its peers' do
-
-
-def run_rank(manifest: Path, rank: int, world_size: int) -> None:
-    """One rank of a checked run: each script of the manifest in turn, each on its own port; then exit at once.
-
-    After each script the ranks wait for each other on a control store (rank 0 hosts it), and rank 0 keeps
-    the script's rendezvous store open until then: a peer still joining must not find it gone.
-    """
-    from datetime import timedelta
-
-    from workshop_lib import distributed
-    from workshop_lib.launch import free_port
-
-    items = json.loads(Path(manifest).read_text())
-    control = dist.TCPStore("127.0.0.1", items[0]["control_port"], world_size, is_master=rank == 0,
-                            timeout=timedelta(seconds=60), wait_for_workers=False)
-    stores, real = [], distributed.rendezvous_store
-
-    def keep(*args, **kw):
-        stores.append(real(*args, **kw))
-        return stores[-1]
-
-    distributed.rendezvous_store = keep
-    for i, item in enumerate(items):
-        if rank == 0:  # each script's port is picked just before it runs: gloo's own connections take
-            control.set(f"item{i}/port", str(free_port()))  # ephemeral ports meanwhile, so none is picked ahead
-        os.environ["MASTER_PORT"] = control.get(f"item{i}/port").decode()
-        run_script(Path(f"{item['events']}.rank{rank}.jsonl"), Path(item["script"]), item["argv"], item["name"])
-        control.set(f"item{i}/rank{rank}", "done")
-        control.wait([f"item{i}/rank{r}" for r in range(world_size)], timedelta(seconds=120))
-        stores.clear()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter shutdown: gloo's destructors sometimes abort there
-
-
-if __name__ == "__main__":
-    run_rank(Path(sys.argv[1]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

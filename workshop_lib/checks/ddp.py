@@ -1,8 +1,8 @@
 """The exercise checks of notebook 03 (DDP): each runs the learner's own function and names the mistake.
 
-As in :mod:`workshop_lib.checks`: a tick and one line when the exercise works,
+As in :mod:`workshop_lib.checks.common`: a tick and one line when the exercise works,
 else :class:`CheckFailed` with one line. The checks that need collectives run on
-2 ranks forked by :func:`workshop_lib.forklaunch.notebook_launch`; the ones
+2 ranks forked by :func:`workshop_lib.lab.forklaunch.notebook_launch`; the ones
 about rank vs local rank use a made-up rank 3 of 4, local rank 1, on a node with
 2 GPUs, which no real process needs to be.
 """
@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from workshop_lib import verdict
-from workshop_lib.checks import CheckFailed, _passed, run_on_ranks, train_on_two_nodes
+from workshop_lib.checks import rules
+from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks, train_on_two_nodes
 from workshop_lib.distributed import DistEnv
 
 _GPU_ENV = DistEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, device=torch.device("cuda", 1),
@@ -121,7 +121,7 @@ def _by_hand(env: DistEnv, fn: Callable) -> dict:
     """One step of a plain model with ``fn`` averaging its gradients, and one of the same model under DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workshop_lib import spy
+    from workshop_lib.checks import record
     from workshop_lib.model import SmilesLSTM
 
     torch.manual_seed(0)
@@ -133,8 +133,8 @@ def _by_hand(env: DistEnv, fn: Callable) -> dict:
     for model in (plain, wrapped):
         torch.nn.functional.binary_cross_entropy_with_logits(model(tokens, torch.full((4,), 6)), labels).backward()
     local = [p.grad.clone() for p in plain.parameters()]
-    rec = spy.Recorder()
-    with spy.spying(rec):
+    rec = record.Recorder()
+    with record.spying(rec):
         fn(plain, env)
     ops = [e.get("op") for e in rec.events if e["kind"] == "collective" and e["phase"] == "enter"]
     ddp_grads = [p.grad for p in wrapped.module.parameters()]
@@ -175,12 +175,12 @@ def average_gradients(fn: Callable, nprocs: int = 2, timeout: float = 60) -> Non
 
 
 def _mean(env: DistEnv, fn: Callable) -> list[dict]:
-    from workshop_lib import spy
+    from workshop_lib.checks import record
 
-    rec = spy.Recorder()
+    rec = record.Recorder()
     names = {"mean_over_ranks": fn}
-    spy.record_calls(rec, names, "mean_over_ranks")
-    with spy.spying(rec):
+    record.record_calls(rec, names, "mean_over_ranks")
+    with record.spying(rec):
         names["mean_over_ranks"]([1.0, 3.0, 5.0, 7.0][env.rank % 4], env)
     return rec.events
 
@@ -188,7 +188,7 @@ def _mean(env: DistEnv, fn: Callable) -> list[dict]:
 def mean_over_ranks(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``fn(value, env)`` must return the mean of every rank's value, on every rank (1.0 and 3.0 give 2.0)."""
     events = dict(enumerate(run_on_ranks(_mean, nprocs, fn, timeout=timeout, name="mean_over_ranks")))
-    message = verdict.averaging(events, world_size=nprocs)
+    message = rules.averaging(events, world_size=nprocs)
     if message:
         raise CheckFailed(message)
     got = events[0][-1]["result"]
@@ -198,8 +198,8 @@ def mean_over_ranks(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
 def rank0_duties(train: Callable, nprocs: int = 2, timeout: float = 120) -> None:
     """The step-3 ``train`` on 2 ranks, one per "node": the DDP wrap, rank-0 evaluation and saving, the mean loss."""
     events = train_on_two_nodes(train, nprocs, timeout)
-    for rule in (verdict.open_todo, verdict.sharding, verdict.wrapping, verdict.evaluating, verdict.saving,
-                 verdict.crashed, verdict.skipped_collective, verdict.reshuffling, verdict.averaging):
+    for rule in (rules.open_todo, rules.sharding, rules.wrapping, rules.evaluating, rules.saving,
+                 rules.crashed, rules.skipped_collective, rules.reshuffling, rules.averaging):
         message = rule(events, world_size=nprocs, epochs=2)
         if message:
             raise CheckFailed(message)

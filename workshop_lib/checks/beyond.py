@@ -1,6 +1,6 @@
 """The exercise check of notebook 04: a training loop that accumulates gradients with ``no_sync``.
 
-Same contract as ``workshop_lib.checks``: a tick line when the learner's
+Same contract as ``workshop_lib.checks.common``: a tick line when the learner's
 function works, else CheckFailed with one line naming the mistake.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from workshop_lib.checks import CheckFailed, _passed, run_on_ranks
+from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 

@@ -1,7 +1,7 @@
-"""From what every rank did (:mod:`workshop_lib.spy`'s records) to one line naming the mistake and its fix.
+"""From what every rank did (:mod:`workshop_lib.checks.record`'s records) to one line naming the mistake and its fix.
 
-The script checker (:mod:`workshop_lib.check`) and the notebook checks
-(:mod:`workshop_lib.checks`) use these same rules, so a mistake reads the same in
+The script checker (:mod:`workshop_lib.checks.script`) and the notebook checks
+(:mod:`workshop_lib.checks.common`) use these same rules, so a mistake reads the same in
 both. Each rule returns a message, or None when it finds nothing wrong; the
 first message wins, and the rules run from the root causes (how the group was
 joined) to their consequences (a rank left waiting in a collective).

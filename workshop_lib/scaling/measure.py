@@ -14,7 +14,7 @@ to one full batch:
   the machine, the wait for the slowest rank, and (a diagnostic) what the
   all-reduce costs inside a step;
 * the same ranks, all-reducing float32 tensors of several sizes back to back,
-  fitted to the ring's alpha and beta (``scaling.fit_alpha_beta``).
+  fitted to the ring's alpha and beta (``cost.fit_alpha_beta``).
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workshop_lib.errors import WorkshopError
-from workshop_lib.scaling import ComputeCurve, Link, Step, Workload, fit_alpha_beta, interpolate, step
+from workshop_lib.scaling.cost import ComputeCurve, Link, Step, Workload, fit_alpha_beta, interpolate, step
 
 SIZES = (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22)  # bytes all-reduced in the sweep
 
 
 @dataclass
 class MachineFit:
-    """What ``scaling_measure.measure`` found on this machine: the inputs of the model for the LSTM."""
+    """What ``measure.measure`` found on this machine: the inputs of the model for the LSTM."""
 
     params: int  # the LSTM's parameters
     nprocs: int  # ranks of the all-reduce and concurrent-compute measurements
@@ -92,8 +92,8 @@ class MachineFit:
 
 @functools.lru_cache(maxsize=2)
 def _splits(limit: int | None):
-    from workshop_lib.config import DEFAULT_DATA
     from workshop_lib.data import load_splits
+    from workshop_lib.paths import DEFAULT_DATA
 
     return load_splits(DEFAULT_DATA, limit=limit)
 
@@ -230,7 +230,7 @@ def measure(batches: Sequence[int] = (64, 128, 256, 512), rank_batches: Sequence
     ``batches``: batch sizes of one rank alone (the 1 x 1 runs' global batches); ``rank_batches``:
     per-rank batches of the ``nprocs``-rank runs (their global batch / nprocs).
     """
-    from workshop_lib import forklaunch
+    from workshop_lib.lab import forklaunch
 
     alone = time_alone(batches, repeats, limit)
     ranks = forklaunch.notebook_launch(_on_rank, nprocs, rank_batches, sizes, repeats, limit, timeout=timeout)

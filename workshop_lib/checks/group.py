@@ -4,7 +4,7 @@ Nothing is started: ``main`` runs in this process as a made-up rank 3 of 4 with
 local rank 1 (2 processes a node), once on a node that pretends to have 2 GPUs
 and once on a CPU, with ``torch.cuda.set_device``, ``init_process_group`` and
 ``destroy_process_group`` recorded instead of called, and the training replaced
-by an error. The script checker (:mod:`workshop_lib.check`) runs the same check
+by an error. The script checker (:mod:`workshop_lib.checks.script`) runs the same check
 on a script's ``main``.
 """
 
@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from workshop_lib.checks import CheckFailed, _passed
+from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, run_on_ranks
+from workshop_lib.distributed import DistEnv
 
 
 class _Stop(Exception):
@@ -125,3 +126,60 @@ def process_group(main: Callable) -> None:
                               f"time(s): call it once, in the finally of a try around the work")
     _passed("main: NCCL on cuda:1 as local rank 1 of a GPU node, Gloo on a CPU; joined as rank 3 of 4; "
             "left the group even when the training raised")
+
+
+def _spy_all_reduce(env: DistEnv, fn: Callable) -> dict:
+    """On one rank: run ``fn(env)`` while recording every dist.all_reduce call."""
+    import torch.distributed as dist
+
+    calls, real = [], dist.all_reduce
+
+    def spy(tensor, op=dist.ReduceOp.SUM, *args, **kwargs):
+        call = {"before": tensor.detach().clone().tolist(), "op": str(op).rsplit(".", 1)[-1], "after": None}
+        calls.append(call)
+        work = real(tensor, op, *args, **kwargs)
+        call["after"] = tensor.detach().tolist()
+        return work
+
+    dist.all_reduce = spy
+    try:
+        fn(env)
+        outcome = "ok"
+    except NotImplementedError:
+        outcome = "todo"
+    except AssertionError as err:
+        outcome = f"assert: {err}"
+    except RuntimeError as err:  # a peer left while this rank waited in a collective
+        outcome = f"error: {str(err).splitlines()[0][:200]}"
+    finally:
+        dist.all_reduce = real
+    return {"rank": env.rank, "outcome": outcome, "calls": calls}
+
+
+def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
+    """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
+    ranks = run_on_ranks(_spy_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
+                         fix="every rank must call dist.all_reduce")
+    expected = nprocs * (nprocs + 1) / 2
+    if any(r["outcome"] == "todo" for r in ranks):
+        raise CheckFailed(f"{fn.__name__} still raises NotImplementedError: fill in its TODO and run its cell again")
+    silent = [r["rank"] for r in ranks if not r["calls"]]
+    if len(silent) == nprocs:
+        raise CheckFailed("no rank called dist.all_reduce: call it on a tensor holding env.rank + 1")
+    if silent:
+        raise CheckFailed(f"rank {silent[0]} never called dist.all_reduce while other ranks did: every rank must "
+                          f"call every collective, or the others wait for it (and fail when it leaves)")
+    for r in ranks:
+        call = r["calls"][0]
+        if call["op"] != "SUM":
+            raise CheckFailed(f"rank {r['rank']} used op={call['op']}: summing needs op=dist.ReduceOp.SUM (the default)")
+        if call["before"] != [r["rank"] + 1.0]:
+            raise CheckFailed(f"rank {r['rank']} contributed {call['before']}, expected [{r['rank'] + 1.0}]: "
+                              f"start from torch.tensor([env.rank + 1.0])")
+        if call["after"] != [expected]:
+            raise CheckFailed(f"rank {r['rank']} holds {call['after']} after all_reduce, expected [{expected}]")
+        if r["outcome"] != "ok":
+            raise CheckFailed(f"rank {r['rank']}: {r['outcome']}")
+    _passed(f"{fn.__name__}: each of {nprocs} ranks contributed rank + 1, all_reduce(SUM) left {expected:g} on every rank")
+
+

@@ -14,7 +14,7 @@ sockets. :func:`install` makes the wait legible:
   (a TCP store, independent of the gloo or nccl connections that are stuck);
 * when a rank has waited ``threshold`` seconds, or its collective fails, it asks
   every rank where it is (its main thread's Python stack, from
-  ``sys._current_frames``) and prints one block (:mod:`workshop_lib.hangreport`):
+  ``sys._current_frames``) and prints one block (:mod:`workshop_lib.debug.hangreport`):
   who never arrived, where each rank is instead, and the first collective where
   the ranks' sequences differ.
 
@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from workshop_lib.hangreport import PREFIX, diagnosis
+from workshop_lib.debug.hangreport import PREFIX, diagnosis
 
 # The Python collectives the watch wraps (those present in this torch); _broadcast_coalesced is
 # what DDP calls in its constructor and, with buffers (BatchNorm), at the start of each forward.

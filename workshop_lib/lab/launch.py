@@ -3,7 +3,7 @@
 :func:`torchrun` runs ``python -m torch.distributed.run`` exactly as a learner
 would in a terminal, shows rank 0's lines (or every rank's, labelled) and a
 progress bar, and returns rank 0's metrics.json. (Functions defined in the
-notebook run on forked ranks through :mod:`workshop_lib.forklaunch`.)
+notebook run on forked ranks through :mod:`workshop_lib.lab.forklaunch`.)
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from workshop_lib.config import REPO_ROOT, TrainConfig
+from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
+from workshop_lib.paths import REPO_ROOT
 
 TAIL_LINES = 40
 _RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<rank>\d+)\]:(?P<text>.*)$")

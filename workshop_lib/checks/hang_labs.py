@@ -1,4 +1,4 @@
-"""The hang lab of notebooks/05_when_it_hangs.ipynb: the scripts' start and end, broken runs, checks.
+"""The hang lab of notebooks/05_when_it_hangs.ipynb: broken runs, and the checks of the learner's fixes.
 
 Each lab script (cells tagged ``script:hangN_...`` in notebook 05) is a small
 step 3 whose ``train()`` holds one classic bug. Its solution (solutions/) is the
@@ -18,20 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from workshop_lib import hangreport, hangwatch
-from workshop_lib.build import MINE, SOLUTIONS, write_script
-from workshop_lib.config import REPO_ROOT, TrainConfig, build_parser, parse_config
-from workshop_lib.distributed import read_launch_env
+from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.errors import WorkshopError
-from workshop_lib.launch import LaunchError, _kill_tree, torchrun
+from workshop_lib.lab.build import MINE, SOLUTIONS, write_script
+from workshop_lib.lab.launch import LaunchError, _kill_tree, torchrun
+from workshop_lib.paths import REPO_ROOT
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
 BROKEN = REPO_ROOT / "runs" / "hangs"
@@ -59,42 +54,6 @@ LABS = {lab.name: lab for lab in (
     Lab("hang5_unused", "model = DDP(model, device_ids=device_ids, find_unused_parameters=True)",
         "model = DDP(model, device_ids=device_ids)", 32),
 )}
-
-
-# ----------------------------------------------------------------- inside the lab scripts
-
-
-def replica_spread(model: torch.nn.Module, world_size: int) -> float:
-    """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree). An all_gather."""
-    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
-    everyone = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(everyone, mine)
-    return max((w - everyone[0]).abs().max().item() for w in everyone)
-
-
-def main(train: Callable[[TrainConfig, int, int, torch.device], None], argv: Sequence[str] | None = None) -> None:
-    """A lab script's start and end: join the group, watch it, call ``train(cfg, rank, world_size, device)``, leave."""
-    cfg = parse_config(build_parser("a hang-lab script of notebooks/05_when_it_hangs.ipynb"), argv)
-    launch = read_launch_env()
-    device = torch.device("cuda", launch.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout))
-    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting 4 s (of 8): who is missing, where
-    try:
-        train(cfg, launch.rank, launch.world_size, device)
-    finally:
-        dist.destroy_process_group()
-
-
-def run(train: Callable) -> int:
-    """The ``__main__`` of a lab script."""
-    from workshop_lib.cli import run_cli
-
-    return run_cli(lambda argv: main(train, argv))
-
-
-# ----------------------------------------------------------------- in the notebook
 
 
 def _lab(name: str) -> Lab:

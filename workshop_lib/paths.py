@@ -1,10 +1,13 @@
-"""Writing files that are never half there: snapshots and metrics.json both go through here."""
+"""Where the project's files are, and writing files that are never half there (snapshots, metrics.json)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the clone: dataset/, notebooks/, runs/
+DEFAULT_DATA = REPO_ROOT / "dataset" / "b3db_classification.csv"
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -1,0 +1,112 @@
+"""Instant feedback for the exercises: each check runs the learner's own function and says what is wrong.
+
+A check prints one line starting with a tick when the exercise works (and
+returns None, so a notebook cell shows nothing else). When it does not, it
+raises CheckFailed, whose message says what happened and what to
+change; in Jupyter it shows as that one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from workshop_lib.config import TrainConfig
+from workshop_lib.distributed import DistEnv
+
+
+class CheckFailed(AssertionError):
+    """The exercise does not work yet; the message says what to change."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"\N{BALLOT X} {self}"]
+
+
+def _passed(message: str) -> None:
+    print(f"\N{CHECK MARK} {message}")
+
+
+def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEnv:
+    """Who a rank would be (``per_node`` processes a node), for functions that only read the DistEnv."""
+    per_node = per_node or world_size
+    return DistEnv(rank, rank % per_node, world_size, per_node, torch.device("cpu"), "gloo")
+
+
+# A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
+# the hang watch names the rank that never arrived, and the check stops there instead of at its timeout.
+HANG_AFTER = 8.0
+
+
+def _hang_message(diagnosis: str, fix: str) -> str:
+    """The hang watch's line, and the fix unless it already says one (different shapes: the same shape)."""
+    return diagnosis if "every rank must" in diagnosis else f"{diagnosis}: {fix}, or the others wait for it"
+
+
+def _call(fn: Callable, name: str, *args):
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise CheckFailed(f"{name} still raises NotImplementedError: fill in its TODO and run its cell again") from None
+    except (ValueError, RuntimeError) as err:
+        if "not been initialized" not in str(err):
+            raise
+        raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process group "
+                          f"has not been initialized): tell DistributedSampler this rank's place from env, with "
+                          f"num_replicas= and rank=") from None
+
+
+def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
+                 hang_after: float | None = None,
+                 fix: str = "every rank must call every collective, in the same order") -> list:
+    """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line.
+
+    ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
+    ``fix``: what the line tells the learner to do about a hang.
+    """
+    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
+
+    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
+    from workshop_lib.lab.launch import LaunchError
+
+    try:
+        return notebook_launch(fn, nprocs, *args, timeout=timeout,
+                               hang_after=HANG_AFTER if hang_after is None else hang_after)
+    except HangError as err:
+        raise CheckFailed(_hang_message(err.diagnosis, fix)) from None
+    except LaunchTimeout:
+        raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
+                          f"another rank never joins; {fix}") from None
+    except LaunchError as err:
+        if "NotImplementedError" in str(err):
+            raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
+                              f"run its cell again") from None
+        raise CheckFailed(f"a rank failed: {str(err).splitlines()[0]}") from None
+
+
+def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
+    """Run the learner's train with tiny settings as if each rank were alone on its node (local rank 0 on all)."""
+    from dataclasses import replace
+
+    from workshop_lib.checks import record
+
+    rec = record.Recorder()
+    record.record_calls(rec, train.__globals__, "mean_over_ranks")
+    cfg = TrainConfig(limit=200, epochs=2, out=Path(out), progress=False, tensorboard=False, timeout=30)
+    try:
+        with record.spying(rec, train.__globals__), contextlib.redirect_stdout(io.StringIO()):
+            train(cfg, replace(env, local_rank=0, local_world_size=1))
+        rec.add("end", ok=True)
+    except Exception as err:  # the check names it
+        rec.add("end", ok=False, error=type(err).__name__, message=(str(err).splitlines() or [""])[0][:300])
+    return rec.events
+
+
+def train_on_two_nodes(train: Callable, nprocs: int = 2, timeout: float = 120) -> dict[int, list[dict]]:
+    """What each rank did in ``train(cfg, env)`` (200 molecules, 2 epochs), one rank per "node"."""
+    with tempfile.TemporaryDirectory(prefix="train-check-") as out:
+        return dict(enumerate(run_on_ranks(_spied_train, nprocs, train, out, timeout=timeout, name="train")))

@@ -1,0 +1,325 @@
+"""Generate the scripts and the exercise notebooks from the solution notebooks.
+
+The solution notebooks in notebooks/ (the ones nbval runs, with stored
+outputs) are the source. From each this writes
+
+* solutions/<name>.py: the cells tagged ``script:<name>``, in order;
+* exercises/<name>.py: the same with every solution span replaced by a TODO;
+* exercises/NN_<topic>.ipynb: the notebook with outputs cleared and the
+  solution spans replaced, the check cells kept.
+
+A solution span is nbgrader-style, with its hint just above::
+
+    # TODO: give each rank its own shard
+    ### BEGIN SOLUTION
+    sampler = DistributedSampler(...)
+    ### END SOLUTION
+
+The solution keeps the code and drops the TODO line and the markers; the
+exercise keeps the TODO line and raises NotImplementedError in place of the
+code. Raw cells tagged ``script:<name>`` go into the script only (the module
+docstring, the ``__main__`` guard): a notebook must not run them.
+
+    python -m workshop_lib.build            # rewrite every generated file
+    python -m workshop_lib.build --check    # exit 1 and name each stale file
+    python -m workshop_lib.build --execute 02_distributed_sampler.ipynb   # re-run, store outputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from workshop_lib.errors import WorkshopError
+from workshop_lib.paths import REPO_ROOT
+
+NOTEBOOKS = REPO_ROOT / "notebooks"
+SOLUTIONS = REPO_ROOT / "solutions"
+EXERCISES = REPO_ROOT / "exercises"
+MINE = REPO_ROOT / "runs" / "mine"  # where a learner's write_script puts their version (git-ignored)
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+SCRIPT_TAG = "script:"
+# The exercise versions leave names for the learner to define: no linting of what is left.
+EXERCISE_NOQA = "# ruff: noqa (exercise version: the TODOs leave names for you to define)"
+_TODO = re.compile(r"^\s*# TODO\b")
+_STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
+
+
+# ---------------------------------------------------------------------- solution spans
+
+
+def _hint_start(lines: list[str], begin: int) -> int | None:
+    """The first line of the hint above line ``begin``: a ``# TODO`` line, then any comment lines under it."""
+    i = begin - 1
+    while i >= 0 and lines[i].lstrip().startswith("#") and not _TODO.match(lines[i]):
+        i -= 1
+    return i if i >= 0 and _TODO.match(lines[i]) else None
+
+
+def _spans(source: str, where: str) -> list[tuple[int, int, int]]:
+    """(hint, begin, end) line numbers of each solution span; a broken span is an error naming its cell."""
+    lines, spans, begin, hint = source.splitlines(), [], None, None
+    for i, line in enumerate(lines):
+        marker = line.strip()
+        if marker == BEGIN:
+            if begin is not None:
+                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} inside another span; close it with '{END}'")
+            hint = _hint_start(lines, i)
+            if hint is None:
+                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint just above")
+            begin = i
+        elif marker == END:
+            if begin is None:
+                raise WorkshopError(f"{where}: '{END}' on line {i + 1} has no '{BEGIN}' before it")
+            spans.append((hint, begin, i))
+            begin = None
+    if begin is not None:
+        raise WorkshopError(f"{where}: '{BEGIN}' on line {begin + 1} is never closed with '{END}'")
+    return spans
+
+
+def solution_source(source: str, where: str = "cell") -> str:
+    """The code as it runs in the solution: hint lines and markers dropped."""
+    lines = source.splitlines()
+    drop = set()
+    for hint, begin, end in _spans(source, where):
+        drop |= set(range(hint, begin + 1)) | {end}
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def exercise_source(source: str, where: str = "cell") -> str:
+    """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO."""
+    lines = source.splitlines()
+    out, pos = [], 0
+    for _, begin, end in _spans(source, where):
+        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+        out += lines[pos:begin]
+        out.append(f'{indent}raise NotImplementedError("fill in the TODO above")')
+        pos = end + 1
+    out += lines[pos:]
+    return "\n".join(out)
+
+
+def has_spans(source: str) -> bool:
+    return any(line.strip() == BEGIN for line in source.splitlines())
+
+
+# ------------------------------------------------------------------------------ scripts
+
+
+def script_names(cell) -> list[str]:
+    return [t[len(SCRIPT_TAG):] for t in cell.get("metadata", {}).get("tags", []) if t.startswith(SCRIPT_TAG)]
+
+
+def _join(pieces: Sequence[str]) -> str:
+    """One blank line between pieces, two before a top-level def/class/guard (PEP 8)."""
+    text = ""
+    for piece in pieces:
+        piece = piece.strip("\n")
+        if text:
+            text += "\n\n\n" if _STARTS_BLOCK.match(piece) else "\n\n"
+        text += piece
+    return text + "\n"
+
+
+def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None) -> str:
+    """The script ``name`` from the notebook's tagged cells (``sources``: replacement text by cell id)."""
+    pieces = []
+    for i, cell in enumerate(nb.cells):
+        if name not in script_names(cell):
+            continue
+        src = (sources or {}).get(cell.get("id"), cell.source)
+        where = f"{source_name} cell {i}"
+        pieces.append(exercise_source(src, where) if exercise else solution_source(src, where))
+    if not pieces:
+        raise WorkshopError(f"{source_name} has no cell tagged {SCRIPT_TAG}{name}; tag the script's cells")
+    header = [f"# Generated from {source_name} by `python -m workshop_lib.build`: do not edit.",
+              f"# Edit the notebook's cells tagged {SCRIPT_TAG}{name}, then rebuild."]
+    if exercise:
+        header.append(EXERCISE_NOQA)
+    return "\n".join(header) + "\n" + _join(pieces)
+
+
+# ---------------------------------------------------------------------------- notebooks
+
+
+def exercise_notebook(nb, source_name: str):
+    """Outputs cleared, solution spans replaced, a header cell pointing to the solution notebook."""
+    import nbformat
+
+    ex = copy.deepcopy(nb)
+    ex.metadata.pop("widgets", None)
+    todos = any(c.cell_type == "code" and has_spans(c.source) for c in nb.cells)
+    for i, cell in enumerate(ex.cells):
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)
+            cell.source = exercise_source(cell.source, f"{source_name} cell {i}")
+    first_code = next((c for c in ex.cells if c.cell_type == "code"), None)
+    if first_code is not None:
+        first_code.source = EXERCISE_NOQA + "\n" + first_code.source
+    link = f"../{source_name}"
+    header = nbformat.v4.new_markdown_cell(
+        f"*Exercise version, generated from [{source_name}]({link}) by `python -m workshop_lib.build`, "
+        f"do not edit (maintainers: change the solution notebook and rebuild).*\n\n"
+        + (f"Fill in each `# TODO` (its cell raises `NotImplementedError` until you do), run the cell, then run "
+           f"the check cell below it. Stuck? The worked solution is in [{source_name}]({link})." if todos else
+           f"This notebook has nothing to fill in: run the cells in order. The executed version, with its outputs, "
+           f"is [{source_name}]({link})."))
+    header.id = "exercise-header"
+    ex.cells.insert(0, header)
+    return ex
+
+
+def source_notebooks() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and the text it should hold."""
+    import nbformat
+
+    files: dict[Path, str] = {}
+    for path in source_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        source_name = path.relative_to(REPO_ROOT).as_posix()
+        names = list(dict.fromkeys(n for cell in nb.cells for n in script_names(cell)))
+        for name in names:
+            files[SOLUTIONS / f"{name}.py"] = script_text(nb, name, source_name, exercise=False)
+            files[EXERCISES / f"{name}.py"] = script_text(nb, name, source_name, exercise=True)
+        files[EXERCISES / path.name] = nbformat.writes(exercise_notebook(nb, source_name)) + "\n"
+    return files
+
+
+def stale(files: dict[Path, str]) -> list[Path]:
+    return [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
+
+
+def build(check: bool = False) -> list[Path]:
+    files = outputs()
+    changed = stale(files)
+    if not check:
+        for path in changed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[path])
+    return changed
+
+
+@contextlib.contextmanager
+def edit_notebook(path: Path):
+    """Read a source notebook under an exclusive lock and write it back when the block succeeds.
+
+    For authors (and tools) changing notebooks while others may run or edit them:
+    ``with edit_notebook(p) as nb: nb.cells[3].source = ...``.
+    """
+    import fcntl
+
+    import nbformat
+
+    path = Path(path)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        nb = nbformat.read(path, as_version=4)
+        yield nb
+        tmp = path.with_name(f".{path.name}.tmp")
+        nbformat.write(nb, tmp)
+        tmp.replace(path)
+
+
+def execute(path: Path, timeout: int = 600) -> None:
+    """Run a solution notebook top to bottom in its own directory and store the outputs.
+
+    The run works on a copy; the outputs are then merged into the file as it is now,
+    cell by cell (matched by id), for the cells whose source did not change meanwhile.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    ran = {cell.get("id"): cell for cell in nb.cells}
+    with edit_notebook(path) as current:
+        for cell in current.cells:
+            done = ran.get(cell.get("id"))
+            if cell.cell_type == "code" and done is not None and done.source == cell.source:
+                cell.outputs, cell.execution_count = done.outputs, done.execution_count
+
+
+# ------------------------------------------------------------- in the learner's kernel
+
+_ran: dict[str, str] = {}  # cell id -> the source this kernel last ran successfully
+
+
+def _record(result) -> None:
+    info = result.info
+    if getattr(info, "cell_id", None) and result.success:
+        _ran[info.cell_id] = info.raw_cell
+
+
+def track_cells() -> None:
+    """Remember what each cell last ran, so write_script sees edits you ran but did not save yet."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is not None and _record not in ip.events.callbacks["post_run_cell"]:
+        ip.events.register("post_run_cell", _record)
+
+
+def write_script(notebook: str | Path, name: str | None = None, to: Path | None = None) -> Path:
+    """Write this notebook's script, as you ran its cells, to runs/mine/<name>.py; return the path.
+
+    ``notebook`` is the notebook's file (relative to the kernel's directory, which
+    is the notebook's). Cells you ran since track_cells() count as run; the
+    others as saved. The result is your version: a TODO still open raises
+    NotImplementedError when the script reaches it.
+    """
+    import nbformat
+
+    path = Path(notebook).resolve()
+    if not path.is_file():
+        raise WorkshopError(f"notebook {notebook} not found from {Path.cwd()}; pass its file name")
+    nb = nbformat.read(path, as_version=4)
+    names = list(dict.fromkeys(n for cell in nb.cells for n in script_names(cell)))
+    if name is None:
+        if len(names) != 1:
+            raise WorkshopError(f"{path.name} has scripts {names}; say which with name=")
+        name = names[0]
+    text = script_text(nb, name, path.name, exercise=False, sources=_ran)
+    body = text.split("\n", 2)[2]  # without the "generated, do not edit" header: this one is yours
+    text = f"# Your {name}, written from {path.name} by workshop_lib.build.write_script.\n" + body
+    out = Path(to) if to else MINE / f"{name}.py"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
+          f"({text.count(chr(10))} lines)")
+    return out
+
+
+# --------------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m workshop_lib.build", description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated file is stale")
+    p.add_argument("--execute", nargs="*", metavar="NOTEBOOK",
+                   help="first re-run these solution notebooks (in notebooks/) and store their outputs")
+    args = p.parse_args(argv)
+    for name in args.execute or ():
+        path = NOTEBOOKS / Path(name).name
+        print(f"executing {path.relative_to(REPO_ROOT)}", flush=True)
+        execute(path)
+    changed = build(check=args.check)
+    for path in changed:
+        rel = path.relative_to(REPO_ROOT)
+        print(f"stale: {rel}" if args.check else f"wrote {rel}")
+    if args.check and changed:
+        print("generated files are out of date: run python -m workshop_lib.build", file=sys.stderr)
+        raise SystemExit(1)
+    if not changed:
+        print("generated files are up to date")

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from workshop_lib.config import TrainConfig, training_fields
 from workshop_lib.distributed import DistEnv, read_launch_env
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import WorkshopError, first_line
 from workshop_lib.paths import write_atomic
 
 SNAPSHOT = "snapshot.pt"
@@ -124,7 +124,7 @@ def read(path: Path) -> dict:
     try:
         snap = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # random bytes fail anywhere in the unpickler: KeyError, EOFError, ...
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        first = first_line(err, 160)
         raise WorkshopError(f"snapshot {path} is corrupt or not a snapshot ({first}); "
                             f"start afresh with --fresh, or choose another --out") from None
     if not isinstance(snap, dict) or not snap.keys() >= _KEYS or snap["format"] != FORMAT:
@@ -189,7 +189,7 @@ def restore(latest: tuple[Path, dict] | None, env: DistEnv, model: torch.nn.Modu
         model.load_state_dict(snap["model"])
         optimizer.load_state_dict(snap["optimizer"])
     except (RuntimeError, ValueError, KeyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        first = first_line(err, 160)
         raise WorkshopError(f"snapshot {path} does not fit this model ({first}); "
                             f"start afresh with --fresh, or choose another --out") from None
     best.load_state_dict(snap["best"])

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import WorkshopError, first_line
 from workshop_lib.samplers import BucketBatchSampler, SortedBatchSampler
 from workshop_lib.split import stratified_split
 from workshop_lib.tokenizer import SmilesTokenizer
@@ -68,7 +68,7 @@ def load_table(path: Path, smiles_col: str | None = None, label_col: str | None 
     except pd.errors.EmptyDataError:
         raise WorkshopError(f"{path} is empty; pass --data PATH to a CSV with SMILES and 0/1 labels") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise WorkshopError(f"{path} is not a readable CSV ({str(err).splitlines()[0]}); check the file") from None
+        raise WorkshopError(f"{path} is not a readable CSV ({first_line(err, 10_000)}); check the file") from None
     if df.empty:
         raise WorkshopError(f"{path} has a header but no rows; pass --data PATH to a CSV with molecules in it")
 

@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import WorkshopError, first_line
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def rendezvous_store(launch: LaunchEnv, timeout: float = 120.0) -> dist.Store:
 
 
 def _join_error(err: BaseException, launch: LaunchEnv, timeout: float) -> WorkshopError:
-    first = _first_line(err)
+    first = first_line(err)
     if "EADDRINUSE" in first:
         return WorkshopError(f"port {launch.master_port} is already in use (another job?); launch with another "
                              f"--master-port, or with torchrun --standalone, which picks a free one")
@@ -209,10 +209,6 @@ def _lost_peers(err: BaseException) -> bool:
     return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and "gloo" in str(err))
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [""])[0][:200] or type(err).__name__
-
-
 def _explain_failure(err: BaseException, store: dist.Store, rank: int, world_size: int, timeout: float) -> str | None:
     """Leave this rank's reason in the store, or read the reason a failed peer left there.
 
@@ -220,7 +216,7 @@ def _explain_failure(err: BaseException, store: dist.Store, rank: int, world_siz
     """
     if not _lost_peers(err):
         with contextlib.suppress(Exception):  # a dead store must not hide the original error
-            store.set(f"failed/{rank}", f"{type(err).__name__}: {_first_line(err)}")
+            store.set(f"failed/{rank}", f"{type(err).__name__}: {first_line(err)}")
         return None
     time.sleep(_LINGER)  # the failed rank records before its sockets close; and torchrun sees it exit first
     reasons = []
@@ -230,7 +226,7 @@ def _explain_failure(err: BaseException, store: dist.Store, rank: int, world_siz
                 reasons.append(f"rank {r} failed ({store.get(f'failed/{r}').decode()})")
     if reasons:
         return f"{'; '.join(reasons)}; this rank stopped with it"
-    return (f"lost contact with the other ranks ({_first_line(err)}): one of them crashed, was killed or hangs "
+    return (f"lost contact with the other ranks ({first_line(err)}): one of them crashed, was killed or hangs "
             f"(no answer within --timeout {timeout:g}s); look for its own message")
 
 

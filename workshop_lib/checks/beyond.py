@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks
+from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -42,7 +43,7 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
     except NotImplementedError:
         return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
-        first = (str(err).splitlines() or [""])[0]
+        first = first_line(err, 10_000)
         return "error", f"{type(err).__name__}: {first}", None
     return "ok", len(allreduces), _weights(model.module)
 

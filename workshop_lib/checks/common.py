@@ -18,6 +18,7 @@ import torch
 
 from workshop_lib.config import TrainConfig
 from workshop_lib.distributed import DistEnv
+from workshop_lib.errors import first_line
 
 
 class CheckFailed(AssertionError):
@@ -85,7 +86,7 @@ def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: st
         if "NotImplementedError" in str(err):
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
-        raise CheckFailed(f"a rank failed: {str(err).splitlines()[0]}") from None
+        raise CheckFailed(f"a rank failed: {first_line(err, 10_000)}") from None
 
 
 def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
@@ -102,7 +103,7 @@ def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
             train(cfg, replace(env, local_rank=0, local_world_size=1))
         rec.add("end", ok=True)
     except Exception as err:  # the check names it
-        rec.add("end", ok=False, error=type(err).__name__, message=(str(err).splitlines() or [""])[0][:300])
+        rec.add("end", ok=False, error=type(err).__name__, message=first_line(err, 300))
     return rec.events
 
 

@@ -16,23 +16,25 @@ from collections.abc import Callable
 
 import torch
 
+from workshop_lib.checks import record
 from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, run_on_ranks
+from workshop_lib.debug import collectives
+from workshop_lib.debug.patching import patched
 from workshop_lib.distributed import DistEnv
+from workshop_lib.errors import first_line
 
 
 class _Stop(Exception):
     """Raised in place of the training: main's work failed; did it leave the group?"""
 
 
-def _run_main(main: Callable, gpus: bool) -> dict:
-    """Call ``main`` as rank 3 of 4 (local rank 1, 2 per node), with ``gpus`` faked; record what it called."""
+def _fakes(seen: dict, gpus: bool) -> list[tuple[object, str, Callable]]:
+    """(owner, name, make) for each call that :func:`_run_main` fakes: a node with ``gpus``, rank 3 of 4, nothing joined."""
     import os
 
     import torch.distributed as dist
 
     from workshop_lib import distributed
-
-    seen: dict = {"set_device": [], "init": None, "destroy": 0, "env": None}
 
     def init(backend=None, **kw):
         seen["init"] = {"backend": backend, **kw}
@@ -45,40 +47,41 @@ def _run_main(main: Callable, gpus: bool) -> dict:
             return seen["init"].get(what)
         return get
 
-    def work(cfg, env):
-        seen["env"] = env
-        raise _Stop
-
     fakes = [(torch.cuda, "is_available", lambda: gpus), (torch.cuda, "device_count", lambda: 2),
              (torch.cuda, "set_device", seen["set_device"].append), (dist, "init_process_group", init),
              (dist, "get_rank", joined("rank")), (dist, "get_world_size", joined("world_size")),
              (dist, "destroy_process_group", lambda *a, **kw: seen.update(destroy=seen["destroy"] + 1)),
              (distributed, "rendezvous_store", lambda *a, **kw: dist.HashStore()),
-             (distributed, "set_threads", lambda *a, **kw: None)]
+             (distributed, "set_threads", lambda *a, **kw: None),
+             *((os.environ, k, v) for k, v in (("RANK", "3"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "4"),
+                                                ("LOCAL_WORLD_SIZE", "2")))]
+    return [(owner, name, lambda _, fake=fake: fake) for owner, name, fake in fakes]
+
+
+def _run_main(main: Callable, gpus: bool) -> dict:
+    """Call ``main`` as rank 3 of 4 (local rank 1, 2 per node), with ``gpus`` faked; record what it called."""
+    seen: dict = {"set_device": [], "init": None, "destroy": 0, "env": None}
+
+    def work(cfg, env):
+        seen["env"] = env
+        raise _Stop
+
     names = main.__globals__
-    saved_names = {k: names[k] for k in ("train", "check_all_reduce") if k in names}
-    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in fakes]
-    saved_env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
-    os.environ.update(RANK="3", LOCAL_RANK="1", WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
-    for owner, attr, fake in fakes:
-        setattr(owner, attr, fake)
-    names.update(train=work, check_all_reduce=lambda env: None)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            main(["--limit", "50"])
-    except _Stop:
-        pass
-    except NotImplementedError:
-        raise CheckFailed("main still raises NotImplementedError: fill in its TODOs and run its cell again") from None
-    except (ValueError, RuntimeError) as err:
-        if "not been initialized" not in str(err):
-            raise CheckFailed(f"main raised {type(err).__name__}: {(str(err).splitlines() or [''])[0]}") from None
-    finally:
-        for owner, attr, real in saved:
-            setattr(owner, attr, real)
-        names.update(saved_names)
-        for k, v in saved_env.items():
-            os.environ.pop(k) if v is None else os.environ.update({k: v})
+    with contextlib.ExitStack() as patches:
+        for owner, name, make in _fakes(seen, gpus):
+            patches.enter_context(patched(owner, name, make))
+        patches.enter_context(patched(names, "train", lambda _: work))
+        patches.enter_context(patched(names, "check_all_reduce", lambda _: lambda env: None))
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                main(["--limit", "50"])
+        except _Stop:
+            pass
+        except NotImplementedError:
+            raise CheckFailed("main still raises NotImplementedError: fill in its TODOs and run its cell again") from None
+        except (ValueError, RuntimeError) as err:
+            if "not been initialized" not in str(err):
+                raise CheckFailed(f"main raised {type(err).__name__}: {first_line(err, 10_000)}") from None
     return seen
 
 
@@ -128,37 +131,31 @@ def process_group(main: Callable) -> None:
             "left the group even when the training raised")
 
 
-def _spy_all_reduce(env: DistEnv, fn: Callable) -> dict:
-    """On one rank: run ``fn(env)`` while recording every dist.all_reduce call."""
-    import torch.distributed as dist
-
-    calls, real = [], dist.all_reduce
-
-    def spy(tensor, op=dist.ReduceOp.SUM, *args, **kwargs):
-        call = {"before": tensor.detach().clone().tolist(), "op": str(op).rsplit(".", 1)[-1], "after": None}
-        calls.append(call)
-        work = real(tensor, op, *args, **kwargs)
-        call["after"] = tensor.detach().tolist()
-        return work
-
-    dist.all_reduce = spy
+def _record_all_reduce(env: DistEnv, fn: Callable) -> dict:
+    """On one rank: run ``fn(env)`` while recording every dist.all_reduce call (what it held before and after)."""
+    rec = record.Recorder()
     try:
-        fn(env)
+        with collectives.observing(record.Collectives(rec)):
+            fn(env)
         outcome = "ok"
     except NotImplementedError:
         outcome = "todo"
     except AssertionError as err:
         outcome = f"assert: {err}"
     except RuntimeError as err:  # a peer left while this rank waited in a collective
-        outcome = f"error: {str(err).splitlines()[0][:200]}"
-    finally:
-        dist.all_reduce = real
+        outcome = f"error: {first_line(err)}"
+    calls = []
+    for e in rec.events:
+        if e.get("name") == "all_reduce" and e["phase"] == "enter":
+            calls.append({"before": e["before"], "op": e["op"] or "SUM", "after": None})  # SUM: the default op
+        elif e.get("name") == "all_reduce":
+            calls[-1]["after"] = e["after"]
     return {"rank": env.rank, "outcome": outcome, "calls": calls}
 
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
-    ranks = run_on_ranks(_spy_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
+    ranks = run_on_ranks(_record_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
                          fix="every rank must call dist.all_reduce")
     expected = nprocs * (nprocs + 1) / 2
     if any(r["outcome"] == "todo" for r in ranks):

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workshop_lib.debug import hangreport, hangwatch
-from workshop_lib.errors import WorkshopError
+from workshop_lib.debug import hangreport
+from workshop_lib.errors import WorkshopError, first_sentence
 from workshop_lib.lab.build import MINE, SOLUTIONS, write_script
-from workshop_lib.lab.launch import LaunchError, _kill_tree, torchrun
+from workshop_lib.lab.launch import LaunchError, torchrun
+from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
@@ -96,8 +97,7 @@ def errors(output: Sequence[str]) -> dict[int, str]:
     for line in output:
         m = _ERROR.match(line)
         if m and int(m.group(1)) not in found:
-            text = re.sub(r"^\[[^\]]*\] ", "", m.group(3))
-            found[int(m.group(1))] = f"{m.group(2)}: {text.split('. ')[0][:150]}"
+            found[int(m.group(1))] = f"{m.group(2)}: {first_sentence(m.group(3), 150)}"
     return found
 
 
@@ -157,19 +157,21 @@ def background(name: str, pg_timeout: float = 60.0, wait: float = 90.0):
     lab = _lab(name)
     args = [a if a != ARGS[ARGS.index("--timeout") + 1] else str(pg_timeout) for a in ARGS]
     log = Path(tempfile.mkdtemp(prefix="hang-")) / "job.log"
+    record = log.with_name("hang.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(write_broken(name)), *args, "--batch-size", str(lab.batch_size), "--no-progress"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                                     hangreport.RECORD_VARIABLE: str(record)})
     proc.log = log
     try:
         deadline = time.monotonic() + wait
-        while hangwatch.PREFIX not in log.read_text():  # the watch has spoken: the ranks are stuck
+        while not hangreport.load(record):  # the watch has saved its block: the ranks are stuck
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = log.read_text()[-2000:]
                 raise WorkshopError(f"the background job did not get stuck as expected; its output:\n{tail}")
             time.sleep(0.5)
         yield proc
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)

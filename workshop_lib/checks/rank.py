@@ -15,6 +15,10 @@ from pathlib import Path
 import torch.distributed as dist
 
 from workshop_lib.checks.record import Recorder, record_calls, spying
+from workshop_lib.debug import hangwatch
+from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.patching import patched
+from workshop_lib.errors import first_line
 
 
 def _load(script: Path, name: str):
@@ -36,13 +40,16 @@ def run_script(events: Path, script: Path, argv: list[str], name: str = "learner
         module = _load(script, name)
         record_calls(rec, module.__dict__, "mean_over_ranks")
         with spying(rec, module.__dict__):
-            result = module.main(argv)
+            try:
+                result = module.main(argv)
+            finally:  # a watch the script installed and never took off ends with its run, inside the recording
+                hangwatch.uninstall()
         spread = result.get("replica_spread") if isinstance(result, dict) else None
         rec.add("end", ok=True, replica_spread=spread)
         return True
     except BaseException as err:  # every failure is an outcome to report
         frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == str(script)]
-        first = (str(err).strip().splitlines() or [""])[0][:300]
+        first = first_line(err, 300)
         rec.add("end", ok=False, error=type(err).__name__, message=first, at=frames[-1].lineno if frames else None)
         return False
     finally:
@@ -66,21 +73,24 @@ def run_rank(manifest: Path, rank: int, world_size: int) -> None:
     items = json.loads(Path(manifest).read_text())
     control = dist.TCPStore("127.0.0.1", items[0]["control_port"], world_size, is_master=rank == 0,
                             timeout=timedelta(seconds=60), wait_for_workers=False)
-    stores, real = [], distributed.rendezvous_store
+    stores: list = []
 
-    def keep(*args, **kw):
-        stores.append(real(*args, **kw))
-        return stores[-1]
+    def keeping(real):
+        def keep(*args, **kw):
+            stores.append(real(*args, **kw))
+            return stores[-1]
+        return keep
 
-    distributed.rendezvous_store = keep
-    for i, item in enumerate(items):
-        if rank == 0:  # each script's port is picked just before it runs: gloo's own connections take
-            control.set(f"item{i}/port", str(free_port()))  # ephemeral ports meanwhile, so none is picked ahead
-        os.environ["MASTER_PORT"] = control.get(f"item{i}/port").decode()
-        run_script(Path(f"{item['events']}.rank{rank}.jsonl"), Path(item["script"]), item["argv"], item["name"])
-        control.set(f"item{i}/rank{rank}", "done")
-        control.wait([f"item{i}/rank{r}" for r in range(world_size)], timedelta(seconds=120))
-        stores.clear()
+    with patched(distributed, "rendezvous_store", keeping):
+        for i, item in enumerate(items):
+            if rank == 0:  # each script's port is picked just before it runs: gloo's own connections take
+                control.set(f"item{i}/port", str(free_port()))  # ephemeral ports meanwhile, so none is picked ahead
+            os.environ["MASTER_PORT"] = control.get(f"item{i}/port").decode()
+            os.environ[RECORD_VARIABLE] = f"{item['events']}.hang.json"  # the script's hang watch saves its block there
+            run_script(Path(f"{item['events']}.rank{rank}.jsonl"), Path(item["script"]), item["argv"], item["name"])
+            control.set(f"item{i}/rank{rank}", "done")
+            control.wait([f"item{i}/rank{r}" for r in range(world_size)], timedelta(seconds=120))
+            stores.clear()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter shutdown: gloo's destructors sometimes abort there

@@ -16,8 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,9 +24,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-_LIBRARY = (str(Path(__file__).parent), str(Path(torch.__file__).parent), "<frozen ", "/contextlib.py",
-            "/runpy.py", "/importlib/")
-COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "barrier", "gather_object", "all_gather_object",
+from workshop_lib.debug import collectives, frames
+from workshop_lib.debug.patching import patched
+
+# The collectives recorded: the ones a learner's script calls itself (not DDP's own, nor backward).
+RECORDED = ("all_reduce", "all_gather", "broadcast", "barrier", "gather_object", "all_gather_object",
                "broadcast_object_list", "reduce", "gather", "scatter")
 
 
@@ -48,11 +49,9 @@ class Recorder:
 
 
 def _caller_line() -> int | None:
-    """The line of the learner's code that led here: the innermost frame outside torch and this library."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        if not any(part in frame.filename for part in _LIBRARY):
-            return frame.lineno
-    return None
+    """The line of the learner's code that led here: the innermost frame outside torch and workshop_lib."""
+    frame = frames.caller(core_is_library=True)
+    return frame.lineno if frame is not None else None
 
 
 def _keys(obj) -> list[str]:
@@ -64,17 +63,33 @@ def _keys(obj) -> list[str]:
     return [type(obj).__name__]
 
 
-@contextlib.contextmanager
-def spying(rec: Recorder, namespace: dict | None = None) -> Iterator[Recorder]:
-    """Record this process's distributed calls while the block runs; ``namespace``: also patch its ``evaluate``."""
-    import workshop_lib.train as train_module
+class Collectives:
+    """The recorder's observer of :mod:`workshop_lib.debug.collectives`: each call of :data:`RECORDED`, in and out."""
 
-    patches: list[tuple[object, str, object]] = []
+    def __init__(self, rec: Recorder):
+        self.rec = rec
 
-    def patch(owner, name, make):
-        real = getattr(owner, name)
-        patches.append((owner, name, real))
-        setattr(owner, name, make(real))
+    def enter(self, op: str, args: tuple, kwargs: dict) -> tuple | None:
+        if op not in RECORDED:
+            return None
+        reduce_op = kwargs.get("op", args[1] if op == "all_reduce" and len(args) > 1 else None)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.rec.add("collective", name=op, phase="enter", op=str(reduce_op).rsplit(".", 1)[-1] if reduce_op else None,
+                     before=_head(first))
+        return op, first
+
+    def leave(self, token: tuple | None, error: BaseException | None) -> None:
+        if token is not None and error is None:
+            op, first = token
+            self.rec.add("collective", name=op, phase="exit", after=_head(first))
+
+
+def _head(tensor: torch.Tensor | None) -> list | None:
+    return tensor.detach().flatten()[:4].tolist() if tensor is not None else None
+
+
+def _spies(rec: Recorder) -> list[tuple[object, str, Callable]]:
+    """(owner, name, make(original) -> replacement) for every call :func:`spying` records besides the collectives."""
 
     def init(real):
         def spy(backend=None, *args, **kw):
@@ -89,21 +104,6 @@ def spying(rec: Recorder, namespace: dict | None = None) -> Iterator[Recorder]:
             def spy(*args, **kw):
                 rec.add(kind, args=[str(a) for a in args])
                 return real(*args, **kw)
-            return spy
-        return make
-
-    def collective(name):
-        def make(real):
-            def spy(*args, **kw):
-                op = kw.get("op", args[1] if name == "all_reduce" and len(args) > 1 else None)
-                first = args[0] if args else None
-                before = first.detach().flatten()[:4].tolist() if isinstance(first, torch.Tensor) else None
-                rec.add("collective", name=name, phase="enter", op=str(op).rsplit(".", 1)[-1] if op else None,
-                        before=before)
-                out = real(*args, **kw)
-                after = first.detach().flatten()[:4].tolist() if isinstance(first, torch.Tensor) else None
-                rec.add("collective", name=name, phase="exit", after=after)
-                return out
             return spy
         return make
 
@@ -142,35 +142,34 @@ def spying(rec: Recorder, namespace: dict | None = None) -> Iterator[Recorder]:
             return real(obj, f, *args, **kw)
         return spy
 
-    def evaluate(real):
+    return [(dist, "init_process_group", init), (dist, "destroy_process_group", simple("destroy")),
+            (torch.cuda, "set_device", simple("set_device")), (DistributedSampler, "__init__", sampler_init),
+            (DistributedSampler, "set_epoch", set_epoch), (DistributedSampler, "__iter__", sampler_iter),
+            (DistributedDataParallel, "__init__", ddp_init), (torch, "save", save)]
+
+
+def _evaluate(rec: Recorder):
+    def make(real):
         def spy(model, *args, **kw):
             rec.add("evaluate", model=type(model).__name__)
             return real(model, *args, **kw)
         return spy
+    return make
 
-    patch(dist, "init_process_group", init)
-    patch(dist, "destroy_process_group", simple("destroy"))
-    patch(torch.cuda, "set_device", simple("set_device"))
-    for name in COLLECTIVES:
-        patch(dist, name, collective(name))
-    patch(DistributedSampler, "__init__", sampler_init)
-    patch(DistributedSampler, "set_epoch", set_epoch)
-    patch(DistributedSampler, "__iter__", sampler_iter)
-    patch(DistributedDataParallel, "__init__", ddp_init)
-    patch(torch, "save", save)
-    patch(train_module, "evaluate", evaluate)
-    if namespace is not None and "evaluate" in namespace:
-        patch_ns = namespace
-        patches.append((None, "evaluate", patch_ns["evaluate"]))
-        patch_ns["evaluate"] = evaluate(patch_ns["evaluate"])
-    try:
+
+@contextlib.contextmanager
+def spying(rec: Recorder, namespace: dict | None = None) -> Iterator[Recorder]:
+    """Record this process's distributed calls while the block runs; ``namespace``: also patch its ``evaluate``."""
+    import workshop_lib.train as train_module
+
+    with contextlib.ExitStack() as patches:
+        for owner, name, make in _spies(rec):
+            patches.enter_context(patched(owner, name, make))
+        patches.enter_context(patched(train_module, "evaluate", _evaluate(rec)))
+        if namespace is not None and "evaluate" in namespace:
+            patches.enter_context(patched(namespace, "evaluate", _evaluate(rec)))
+        patches.enter_context(collectives.observing(Collectives(rec)))
         yield rec
-    finally:
-        for owner, name, real in reversed(patches):
-            if owner is None:
-                namespace[name] = real
-            else:
-                setattr(owner, name, real)
 
 
 def record_calls(rec: Recorder, namespace: dict, name: str) -> None:
@@ -187,4 +186,4 @@ def record_calls(rec: Recorder, namespace: dict, name: str) -> None:
                 result=result if isinstance(result, (int, float)) else None)
         return result
 
-    namespace[name] = spy
+    namespace[name] = spy  # for the rank's whole life: the script's module is the rank's own

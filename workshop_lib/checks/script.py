@@ -22,6 +22,7 @@ import ast
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,9 +31,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workshop_lib.checks import rules
+from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab.build import EXERCISES, MINE
 from workshop_lib.lab.launch import free_port
+from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
 STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp"}
@@ -117,29 +120,17 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
     def events(i: int) -> dict[int, list[dict]]:
         return {r: _read(Path(f"{items[i]['events']}.rank{r}.jsonl")) for r in range(WORLD)}
 
-    from workshop_lib.debug import hangreport
-
-    def logs_now() -> list[str]:
-        return [(workdir / f"rank{r}.log").read_text(errors="replace") for r in range(WORLD)]
-
     start = last_change = time.monotonic()
     sizes: list[int] = []
-    stopped_at = hang_seen = None
-    seen_before = [0] * WORLD  # log lengths when the current script started
+    stopped_at = None
     try:
         while any(p.poll() is None for p in procs):
             time.sleep(0.2)
             current = max((i for i in range(len(items)) if any(events(i).values())), default=0)
-            if sizes and current != sizes[0]:
-                seen_before = [len(text) for text in logs_now()]
-            # The last script's hang watch (failure_relay installs it) has named a rank that never arrived: its
-            # ranks will only wait for their timeout now. (An earlier script's hang must run its course instead,
-            # since the same pair of processes runs the scripts after it.)
-            if hang_seen is None and current == len(items) - 1 and any(
-                    hangreport.names_a_missing_rank(hangreport.block(text[n:].splitlines()))
-                    for text, n in zip(logs_now(), seen_before, strict=True)):
-                hang_seen = time.monotonic()
-            if hang_seen is not None and time.monotonic() - hang_seen > 1.0:  # its whole block is written by now
+            # The last script's hang watch has named a rank that never arrived: its ranks will only wait for their
+            # timeout now. (An earlier script's hang must run its course instead, since the same pair of processes
+            # runs the scripts after it.)
+            if current == len(items) - 1 and hangreport.missing_rank(f"{items[current]['events']}.hang.json"):
                 stopped_at = current
                 break
             ranks = events(current)
@@ -154,9 +145,7 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
                 break
     finally:
         for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-            p.wait()
+            kill_tree(p, grace=0, first=signal.SIGKILL)
         for log in logs:
             log.close()
     output = "".join((workdir / f"rank{r}.log").read_text() for r in range(WORLD))
@@ -201,9 +190,9 @@ def on_a_gpu_node(path: Path, step: int) -> str | None:
     import contextlib
     import io
 
-    from workshop_lib.checks import common, ddp, group, record
+    from workshop_lib.checks import common, ddp, group, rank
 
-    module = record._load(path.resolve(), f"learner_gpu_{step}")
+    module = rank._load(path.resolve(), f"learner_gpu_{step}")
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             if step == 1:

@@ -8,11 +8,16 @@ the answers, so the wording is tested without starting processes.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Protocol
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
+RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
 
 
 class StuckCall(Protocol):
@@ -85,6 +90,43 @@ def diagnosis(rank: int, call: StuckCall, how: str, answers: dict[int, dict], wo
 def block(lines: Iterable[str]) -> list[str]:
     """The watch's block from a rank's output lines, without the prefix (nor a launcher's rank label before it)."""
     return [line.split(PREFIX, 1)[1] for line in lines if PREFIX in line]
+
+
+def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = ()) -> None:
+    """Add the block that ``rank`` printed to the JSON list in ``path`` (replaced whole: never half written).
+
+    ``left``: the ranks that had left the job (destroy_process_group) when it was printed.
+    """
+    path = Path(path)
+    missing = never_arrived(block)
+    blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
+                            "waiting_for": [r for r in missing if r not in set(left)]}]
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(blocks, f)
+    os.replace(tmp, path)
+
+
+def load(path: str | Path) -> list[dict]:
+    """The blocks the watches of a job saved (:func:`save`), in order: [{"rank", "block", "line", "missing", ...}]."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+
+
+def missing_rank(path: str | Path) -> str | None:
+    """The one line of the first saved block where a rank waits for one still in the job (a hang that will last).
+
+    A rank that has left the job is not waited for long: its sockets close, and the collective fails.
+    """
+    return next((b["line"] for b in load(path) if b["waiting_for"]), None)
+
+
+def never_arrived(block: list[str]) -> list[int]:
+    """The ranks that the block says never arrived."""
+    line = next((x for x in block if x.startswith("never arrived: rank ")), "")
+    return [int(r) for r in line.removeprefix("never arrived: rank ").split(", ") if r.strip().isdigit()]
 
 
 def names_a_missing_rank(block: list[str]) -> bool:

@@ -36,7 +36,6 @@ import faulthandler
 import functools
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -47,21 +46,13 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from workshop_lib.debug.hangreport import PREFIX, diagnosis
+from workshop_lib.debug import collectives, frames, hangreport
+from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, diagnosis
+from workshop_lib.debug.patching import patched
+from workshop_lib.errors import first_sentence
 
-# The Python collectives the watch wraps (those present in this torch); _broadcast_coalesced is
-# what DDP calls in its constructor and, with buffers (BatchNorm), at the start of each forward.
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
-               "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
-               "scatter_object_list", "send", "recv", "_broadcast_coalesced")
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
-_HERE = os.path.abspath(__file__)
-# The workshop's machinery between a launch and the learner's code: the checks and their wrappers, the fork launcher.
-_MACHINERY = tuple(os.path.join(os.path.dirname(_HERE), name) for name in (
-    "hangwatch.py", "spy.py", "forklaunch.py", "checks.py", "checks_group.py", "checks_ddp.py", "checks_beyond.py"))
-_LIBRARY = (os.path.dirname(os.path.abspath(torch.__file__)), os.path.dirname(os.path.abspath(os.__file__)))
 
 
 @dataclass
@@ -96,45 +87,26 @@ def _tensors(args: tuple, kwargs: dict) -> str:
     return "no tensor"
 
 
-def _short(path: str) -> str:
-    rel = os.path.relpath(path) if os.path.isabs(path) else path
-    return path if rel.startswith("..") else rel
-
-
-def _is_user(path: str) -> bool:
-    path = os.path.abspath(path)
-    return (path not in _MACHINERY and not path.startswith(_LIBRARY) and "site-packages" not in path
-            and not path.startswith("<"))
-
-
 def user_frames(frame) -> tuple[list[list], str]:
-    """([file, line, function, code] of each frame outside torch/stdlib, outermost first; innermost library function)."""
-    stack = [f for f in traceback.extract_stack(frame) if os.path.abspath(f.filename) != _HERE]
-    # A rank forked by notebook_launch also holds the kernel's frames from before the fork: its life starts at _rank_main.
-    starts = [i for i, f in enumerate(stack) if f.name == "_rank_main" and os.path.abspath(f.filename) in _MACHINERY]
-    stack = stack[starts[-1] + 1:] if starts else stack
-    inner = stack[-1].name if stack and not _is_user(stack[-1].filename) else ""
-    return [[_short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in stack if _is_user(f.filename)], inner
-
-
-def _first_sentence(err: BaseException) -> str:
-    """torch's error without the C++ source location, up to its first full stop."""
-    text = re.sub(r"^\[[^\]]*\] ", "", (str(err).strip().splitlines() or [type(err).__name__])[0])
-    return text.split(". ")[0][:160]
+    """([file, line, function, code] of the learner's frames, outermost first; the innermost library function)."""
+    stack = frames.since_fork(traceback.extract_stack(frame))
+    inner = stack[-1].name if stack and frames.is_library(stack[-1].filename) else ""
+    return [[frames.short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in frames.users(stack)], inner
 
 
 def _caller() -> str:
     """'f.py:25 in g()', and where g was called from, for the code that called the collective."""
-    frames, _ = user_frames(sys._getframe(2))
-    sites = [f"{f}:{n} in {fn}()" for f, n, fn, _ in frames[-2:]]
+    mine, _ = user_frames(sys._getframe(2))
+    sites = [f"{f}:{n} in {fn}()" for f, n, fn, _ in mine[-2:]]
     return ", from ".join(reversed(sites)) or "?"
 
 
 class Watch:
     """The per-rank state and its daemon thread; see :func:`install`."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, threshold: float, poll: float):
-        self.store, self.rank, self.world_size = store, rank, world_size
+    def __init__(self, store: dist.Store, rank: int, world_size: int, threshold: float, poll: float,
+                 record: str | None = None):
+        self.store, self.rank, self.world_size, self.record = store, rank, world_size, record
         self.threshold, self.poll = threshold, poll
         self.seq, self.current, self.last = 0, None, None
         self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
@@ -149,8 +121,11 @@ class Watch:
         self.main_store, self.thread_store = store.clone(), store.clone()
         self.thread = threading.Thread(target=self._run, name="hangwatch", daemon=True)
 
-    # --------------------------------------------------------------- the main thread's side
-    def enter(self, op: str, args: tuple, kwargs: dict) -> Call:
+    # --------------------------------------------------------------- the main thread's side (an observer of
+    # workshop_lib.debug.collectives: enter and leave run around every collective)
+    def enter(self, op: str, args: tuple, kwargs: dict) -> Call | None:
+        if threading.get_ident() != self.main:
+            return None
         gpu = _on_gpu(args, kwargs)
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
             self.current = Call(op, 0, "DDP's gradient buckets", time.time(), _caller(), gpu)
@@ -160,7 +135,9 @@ class Watch:
             self.history.append(self.current)
         return self.current
 
-    def leave(self, call: Call, err: BaseException | None) -> None:
+    def leave(self, call: Call | None, err: BaseException | None) -> None:
+        if call is None:
+            return
         self.current = None
         if call.gpu and err is None:
             # NCCL returns as soon as the collective is queued; an event after it tells when the GPU got through.
@@ -170,7 +147,7 @@ class Watch:
         if call.op != "backward":
             self.last = call
         if err is not None and not isinstance(err, KeyboardInterrupt):
-            self.explain(call, f"failed after {time.time() - call.since:.0f} s ({_first_sentence(err)})")
+            self.explain(call, f"failed after {time.time() - call.since:.0f} s ({first_sentence(err)})")
 
     # --------------------------------------------------------------- the daemon thread
     def _run(self) -> None:
@@ -232,30 +209,14 @@ class Watch:
                         if answer["asked"] >= asked:
                             answers[r] = answer
                 time.sleep(0.05)
-        print("\n".join(PREFIX + line for line in diagnosis(self.rank, call, how, answers, self.world_size)),
-              file=sys.stderr, flush=True)
+        lines = diagnosis(self.rank, call, how, answers, self.world_size)
+        print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
+        if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
+            hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")])
 
 
 _watch: Watch | None = None
-_originals: list[tuple] = []  # (module, name, original function, our wrapper)
-
-
-def _wrap(name: str, fn):
-    @functools.wraps(fn)
-    def collective(*args, **kwargs):
-        watch = _watch
-        if watch is None or threading.get_ident() != watch.main:
-            return fn(*args, **kwargs)
-        call = watch.enter(name, args, kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as err:
-            watch.leave(call, err)
-            raise
-        watch.leave(call, None)
-        return result
-
-    return collective
+_patches: contextlib.ExitStack | None = None  # destroy_process_group's wrapper
 
 
 def _default_store() -> dist.Store:
@@ -272,28 +233,30 @@ def _group_timeout() -> float:
     return 1800.0
 
 
-def install(store: dist.Store | None = None, threshold: float | None = None, poll: float = 0.5) -> Watch | None:
+def install(store: dist.Store | None = None, threshold: float | None = None, poll: float = 0.5,
+            record: str | None = None) -> Watch | None:
     """Watch this rank's collectives; call it after ``init_process_group``, on every rank.
 
     ``store``: the rendezvous store (default: the default group's). ``threshold``:
     seconds a collective may wait before the diagnosis is printed (default: a quarter
-    of the group's timeout, at least 5). Does nothing in a world of one. Safe to
-    call twice; :func:`uninstall` (or ``dist.destroy_process_group``) undoes it.
+    of the group's timeout, at least 5). ``record``: a JSON file where the diagnosis
+    is also saved (:func:`workshop_lib.debug.hangreport.load` reads it; default: the
+    environment's ``WORKSHOP_HANG_RECORD``, which the lab's launchers set, else none).
+    Does nothing in a world of one. Safe to call twice; :func:`uninstall` (or
+    ``dist.destroy_process_group``) undoes it.
     """
-    global _watch
+    global _watch, _patches
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     uninstall()
     if threshold is None:
         threshold = max(5.0, _group_timeout() / 4)
     store = dist.PrefixStore("hangwatch", store or _default_store())
-    _watch = Watch(store, dist.get_rank(), dist.get_world_size(), threshold, poll)
-    targets = [(dist, name, _wrap(name, getattr(dist, name))) for name in COLLECTIVES if hasattr(dist, name)]
-    targets.append((torch.autograd, "backward", _wrap("backward", torch.autograd.backward)))  # Tensor.backward calls it
-    targets.append((dist, "destroy_process_group", _uninstalling(dist.destroy_process_group)))
-    for module, name, wrapper in targets:
-        _originals.append((module, name, getattr(module, name), wrapper))
-        setattr(module, name, wrapper)
+    record = record or os.environ.get(RECORD_VARIABLE) or None
+    _watch = Watch(store, dist.get_rank(), dist.get_world_size(), threshold, poll, record)
+    collectives.add(_watch)
+    _patches = contextlib.ExitStack()
+    _patches.enter_context(patched(dist, "destroy_process_group", _uninstalling))
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack to stderr
     _watch.thread.start()
@@ -314,13 +277,13 @@ def _uninstalling(destroy):
 
 def uninstall() -> None:
     """Stop the watch and put torch.distributed's functions back."""
-    global _watch
+    global _watch, _patches
     watch, _watch = _watch, None
-    for module, name, original, wrapper in reversed(_originals):
-        if getattr(module, name) is wrapper:  # not if someone wrapped it again since: theirs stays
-            setattr(module, name, original)
-    _originals.clear()
+    patches, _patches = _patches, None
+    if patches is not None:
+        patches.close()
     if watch is not None:
+        collectives.remove(watch)
         watch.stop.set()
         if watch.thread.is_alive() and watch.thread is not threading.current_thread():
             watch.thread.join(timeout=2 * watch.poll + 1)

@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from workshop_lib.debug.frames import is_library, short
 from workshop_lib.errors import WorkshopError
 
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
 _FAULT_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_LIBRARY = re.compile(r"(site-packages|dist-packages|/lib/python3\.\d+/|<frozen |^torch/|/torch/|hangwatch\.py$)")
 
 
 @dataclass
@@ -97,12 +97,7 @@ def _safe(fn) -> bool:
 
 
 def _keep(file: str, show_all: bool) -> bool:
-    return show_all or not _LIBRARY.search(file)
-
-
-def _short(file: str) -> str:
-    rel = os.path.relpath(file) if os.path.isabs(file) else file
-    return file if rel.startswith("..") else rel
+    return show_all or not is_library(file)
 
 
 def pyspy_exe() -> str:
@@ -140,7 +135,7 @@ def pyspy_stack(pid: int, show_all: bool = False, timeout: float = 20.0) -> list
 def _shown(frames: list[tuple[str, str, str]], show_all: bool) -> list[str]:
     """'file:line func()' of the frames outside torch and the standard library, and the innermost one."""
     kept = [f for i, f in enumerate(frames) if _keep(f[0], show_all) or i == len(frames) - 1]
-    return [f"{_short(file)}:{line} {func}()" for file, line, func in kept]
+    return [f"{short(file)}:{line} {func}()" for file, line, func in kept]
 
 
 def _catches_sigusr1(pid: int) -> bool:

@@ -21,8 +21,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import WorkshopError, first_line
 from workshop_lib.lab.launch import LaunchError
+from workshop_lib.lab.processes import kill_tree
 
 # torch's launcher logs a failed rank's whole traceback to stderr ("E1202 ... api.py:836] ...");
 # during a launch these loggers write to the launch's log file instead, which the error names.
@@ -70,7 +71,7 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
     store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
     env = distributed.setup(backend, timeout, store=store)
     if hang_after is not None:  # a collective waiting this long: the watch writes who never arrived into the log
-        hangwatch.install(store, threshold=hang_after, poll=0.25)
+        hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))
     try:
         return fn(env, *args)
     except BaseException:
@@ -124,13 +125,12 @@ def _own_signal_handlers():
 def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: Callable[[], str | None] | None = None):
     """Raise TimeoutError after ``seconds``, or _HangSeen once ``hang()`` names a hang; ``before(timed_out)`` first.
 
-    ``hang`` is polled twice a second; a diagnosis counts once it has stood for a
-    second (the watch's whole block is written by then). Main thread only; elsewhere no limit.
+    ``hang`` is polled twice a second. Main thread only; elsewhere no limit.
     """
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
         return
-    deadline, seen = time.monotonic() + seconds, {}
+    deadline = time.monotonic() + seconds
 
     def tick(signum, frame):
         now = time.monotonic()
@@ -139,13 +139,10 @@ def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: C
             before(True)
             raise TimeoutError(f"{what} did not finish within {seconds:g}s")
         found = hang() if hang is not None else None
-        if found:
-            if now - seen.setdefault("at", now) >= 1.0:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                before(False)
-                raise _HangSeen(found)
-        else:
-            seen.clear()
+        if found:  # the watch saves its block whole, after printing it
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            before(False)
+            raise _HangSeen(found)
 
     old = signal.signal(signal.SIGALRM, tick)
     every = 0.5 if hang is not None else 0.0  # without a hang to look for, one alarm at the deadline
@@ -162,14 +159,10 @@ class _HangSeen(Exception):
 
 
 def _hang_in_logs(log_dir: str) -> str | None:
-    """One line from the hang watch's block in a rank's log (who waits where; who never arrived), if there is one."""
+    """One line from the hang watch's saved block (who waits where; who never arrived), once a watch has saved one."""
     from workshop_lib.debug import hangreport
 
-    for text in _rank_logs(log_dir).values():
-        block = hangreport.block(text.splitlines())
-        if hangreport.names_a_missing_rank(block):
-            return hangreport.one_line(block)
-    return None
+    return hangreport.missing_rank(Path(log_dir) / "hang.json")
 
 
 def _start_method(fn: Callable) -> str:
@@ -253,9 +246,9 @@ def _stop_ranks(log_dir: str, stacks: bool) -> None:
         _dump_stacks(Path(log_dir) / "stacks.log")
     for pid_file in Path(log_dir).glob("rank*.pid"):
         with contextlib.suppress(ValueError, psutil.Error):
-            process = psutil.Process(int(pid_file.read_text()))
-            if process.ppid() == os.getpid():  # still our child, not a recycled pid
-                process.kill()
+            pid = int(pid_file.read_text())
+            if psutil.Process(pid).ppid() == os.getpid():  # still our child, not a recycled pid
+                kill_tree(pid, grace=0, first=signal.SIGKILL)
 
 
 def _dump_stacks(path: Path) -> None:
@@ -282,7 +275,7 @@ def _failures(err) -> list[str]:
         if isinstance(msg, dict):
             stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
             where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
-            first = (str(msg.get("message", "?")).strip().splitlines() or ["?"])[0]
+            first = first_line(str(msg.get("message", "?")), 10_000) or "?"
             lines.append(f"rank {rank} raised {first}" + (f" ({where})" if where else ""))
         else:
             lines.append(f"rank {rank} failed with exit code {failure.exitcode}")

@@ -8,7 +8,6 @@ notebook run on forked ranks through :mod:`workshop_lib.lab.forklaunch`.)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
 TAIL_LINES = 40
@@ -78,32 +78,6 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
-
-
-def _kill_tree(proc: subprocess.Popen, grace: float = 10.0, first: signal.Signals = signal.SIGTERM) -> None:
-    """Send ``first`` to torchrun's process group (it stops its workers), then SIGKILL whatever is left.
-
-    torchrun starts each worker in its own session, so killing torchrun's
-    process group alone could leave workers behind; they are found first.
-    """
-    import psutil
-
-    try:
-        workers = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        workers = []
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, first)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for worker in workers:
-        with contextlib.suppress(psutil.Error):
-            worker.kill()
-    psutil.wait_procs(workers, timeout=grace)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
 
 
 def _reader(stream, lines: queue.Queue) -> None:
@@ -202,7 +176,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
                 raw = lines.get(timeout=max(0.0, min(1.0, deadline - time.perf_counter())))
             except queue.Empty:
                 if time.perf_counter() >= deadline:
-                    _kill_tree(proc)
+                    kill_tree(proc)
                     raise LaunchError(_failure(f"timed out after {timeout:g}s; stopped every rank", output),
                                       output) from None
                 continue
@@ -220,12 +194,12 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
                 print(text, flush=True)
         proc.wait(timeout=30)
     except KeyboardInterrupt:  # the notebook's stop button, or Ctrl-C: stop every rank as a terminal's Ctrl-C would
-        _kill_tree(proc, first=signal.SIGINT)
+        kill_tree(proc, first=signal.SIGINT)
         bar.close()
         print(_interrupted(out_dir), file=sys.stderr, flush=True)
         raise
     except BaseException:
-        _kill_tree(proc)
+        kill_tree(proc)
         raise
     finally:
         bar.close()

@@ -1,0 +1,73 @@
+"""Which frames of a stack are the learner's: the one filter, keyed on packages, not on file names.
+
+A frame is *library* when its file belongs to Python's standard library, to an
+installed package (torch included), or to one of workshop_lib's tool
+subpackages (``debug``, ``lab``, ``checks``, ``scaling``) or its command
+modules. Everything else is the learner's: a step script, a notebook cell, a
+test. The core of workshop_lib (``train.py``, ``data.py``, ...) counts as the
+learner's by default, since the step scripts are built from it and a learner
+reads it; ``core_is_library=True`` counts it as library too, for a line number
+in the learner's own script.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import traceback
+from types import FrameType
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workshop_lib/
+_TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in ("debug", "lab", "checks", "scaling"))
+_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "build"))
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+_INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
+def is_tool(path: str) -> bool:
+    """Is ``path`` a file of workshop_lib's tools (its subpackages and command modules)?"""
+    path = os.path.abspath(path)
+    return path.startswith(_TOOLS) or path in _COMMANDS
+
+
+def is_library(path: str, core_is_library: bool = False) -> bool:
+    """Is ``path`` someone else's code: stdlib, an installed package, workshop_lib's tools (its core too, if asked)?
+
+    Relative paths as py-spy prints them (``torch/nn/modules/module.py``) count as
+    installed when their first part is an importable package's name seen in sys.modules.
+    """
+    if path.startswith("<"):  # "<frozen runpy>", "<string>"
+        return not path.startswith("<ipython-input")
+    if not os.path.isabs(path) and path.split("/", 1)[0] in ("torch", "threading.py", "runpy.py"):
+        return True
+    full = os.path.abspath(path)
+    if any(marker in full for marker in _INSTALLED) or full.startswith(_STDLIB) or is_tool(full):
+        return True
+    return core_is_library and full.startswith(_PACKAGE + os.sep)
+
+
+def users(stack: traceback.StackSummary | list[traceback.FrameSummary], core_is_library: bool = False) -> list:
+    """The frames of ``stack`` that are the learner's (see :func:`is_library`), outermost first."""
+    return [f for f in stack if not is_library(f.filename, core_is_library)]
+
+
+def since_fork(stack: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """A rank forked from a notebook also holds the kernel's frames from before the fork: keep its own life only.
+
+    Its life starts in the fork launcher's rank entry point (a function named ``_rank_main`` in the tools).
+    """
+    starts = [i for i, f in enumerate(stack) if f.name == "_rank_main" and is_tool(f.filename)]
+    return stack[starts[-1] + 1:] if starts else stack
+
+
+def caller(frame: FrameType | None = None, core_is_library: bool = False) -> traceback.FrameSummary | None:
+    """The innermost of the learner's frames that led to ``frame`` (default: here)."""
+    stack = since_fork(traceback.extract_stack(frame))
+    mine = users(stack, core_is_library)
+    return mine[-1] if mine else None
+
+
+def short(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else as it is."""
+    rel = os.path.relpath(path) if os.path.isabs(path) else path
+    return path if rel.startswith("..") else rel

@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from workshop_lib.checks import rules
+from workshop_lib.checks import rules, step_rules
 
 WORLD = 2
 LOSS = {0: 1.0, 1: 3.0}  # each rank's value for mean_over_ranks: the mean is 2, the sum 4
@@ -127,7 +127,7 @@ def test_a_correct_run_breaks_none_of_its_steps_rules(step):
     found = {rule.__name__: rule(ranks, world_size=WORLD, epochs=2) for rule in rules.RULES[step]}
     assert found == dict.fromkeys(found)
     assert rules.stalled(ranks) is None
-    assert rules.verdict(step, ranks, world_size=WORLD, epochs=2, timed_out=True) is None
+    assert rules.first_mistake(step, ranks, world_size=WORLD, epochs=2, timed_out=True) is None
 
 
 # ----------------------------------------------------------------------------- each rule's mistakes
@@ -191,7 +191,7 @@ def _sampler_before_group() -> dict:
      "rank 0 read shard 1 (line 40): pass this process's global rank (env.rank) as rank"),
 ], ids=["before_group", "none_built", "one_replica", "local_rank", "swapped"])
 def test_sharding_names_a_wrong_sampler(ranks, expected):
-    assert rules.sharding(ranks, world_size=WORLD) == expected
+    assert step_rules.sharding(ranks, world_size=WORLD) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -203,7 +203,7 @@ def test_sharding_names_a_wrong_sampler(ranks, expected):
      "before the loader is read, not after"),
 ], ids=["never_set", "set_after_reading"])
 def test_reshuffling_wants_set_epoch_before_each_read(ranks, expected):
-    assert rules.reshuffling(ranks, epochs=2) == expected
+    assert step_rules.reshuffling(ranks, epochs=2) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -219,7 +219,7 @@ def test_reshuffling_wants_set_epoch_before_each_read(ranks, expected):
      "[env.local_rank] on a GPU"),
 ], ids=["unwrapped", "unwrapped_then_module", "device_ids_on_cpu"])
 def test_wrapping_names_a_missing_or_wrong_wrap(ranks, expected):
-    assert rules.wrapping(ranks) == expected
+    assert step_rules.wrapping(ranks) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -232,7 +232,7 @@ def test_wrapping_names_a_missing_or_wrong_wrap(ranks, expected):
     (drop(STEP3, "evaluate"), "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"),
 ], ids=["every_rank", "the_wrapper", "never"])
 def test_evaluating_wants_rank_0_to_score_the_plain_model(ranks, expected):
-    assert rules.evaluating(ranks) == expected
+    assert step_rules.evaluating(ranks) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -247,7 +247,7 @@ def test_evaluating_wants_rank_0_to_score_the_plain_model(ranks, expected):
      "nothing was saved with torch.save: save the best weights to cfg.out / 'model.pt' on global rank 0"),
 ], ids=["every_rank", "rank_1", "the_wrapper", "nothing"])
 def test_saving_wants_one_file_of_plain_weights_from_rank_0(ranks, expected):
-    assert rules.saving(ranks) == expected
+    assert step_rules.saving(ranks) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -263,7 +263,7 @@ def test_saving_wants_one_file_of_plain_weights_from_rank_0(ranks, expected):
      "mean_over_ranks is never called: the log line's loss is rank 0's shard alone; average it over the ranks"),
 ], ids=["sum", "max", "own_value", "never"])
 def test_averaging_wants_the_mean_on_every_rank(ranks, expected):
-    assert rules.averaging(ranks, world_size=WORLD) == expected
+    assert step_rules.averaging(ranks, world_size=WORLD) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -273,7 +273,7 @@ def test_averaging_wants_the_mean_on_every_rank(ranks, expected):
      "rank 1 contributed [1.0] (line 30), expected [2.0]: each rank contributes its rank + 1"),
 ], ids=["max", "wrong_value"])
 def test_summing_wants_rank_plus_one_summed(ranks, expected):
-    assert rules.summing(ranks) == expected
+    assert step_rules.summing(ranks) == expected
 
 
 @pytest.mark.parametrize(("ranks", "expected"), [
@@ -320,15 +320,15 @@ def test_stalled_names_where_each_unfinished_rank_waits():
     # A rank still starting (no events yet) has not joined wrongly.
     (rules.joining, {0: STEP1[0][:3], 1: []}, {}),
     # A run that crashed before training: no sampler is not the mistake.
-    (rules.sharding, ending(no_sampler(STEP2), failed("KeyError", "'smiles'", at=50)), {}),
+    (step_rules.sharding, ending(no_sampler(STEP2), failed("KeyError", "'smiles'", at=50)), {}),
     # A rank that crashed in its first epoch read the sampler too few times to judge.
-    (rules.reshuffling, cut(edit(drop(STEP2, "set_epoch"), "read_sampler", {"epoch": 0}), "read_sampler", nth=1),
+    (step_rules.reshuffling, cut(edit(drop(STEP2, "set_epoch"), "read_sampler", {"epoch": 0}), "read_sampler", nth=1),
      {"epochs": 2}),
     # device_ids name the GPU on GPUs.
-    (rules.wrapping, edit(STEP3, "ddp", {"device_ids": [0]}), {"cuda": True}),
+    (step_rules.wrapping, edit(STEP3, "ddp", {"device_ids": [0]}), {"cuda": True}),
     # Values the record could not read (tensors) are not judged, nor a run that never finished.
-    (rules.averaging, edit(STEP3, "call", {"args": [None, None], "result": 4.0}), {}),
-    (rules.averaging, ending(drop(STEP3, "call"), failed("RuntimeError", "boom")), {}),
+    (step_rules.averaging, edit(STEP3, "call", {"args": [None, None], "result": 4.0}), {}),
+    (step_rules.averaging, ending(drop(STEP3, "call"), failed("RuntimeError", "boom")), {}),
     # A rank that raised never reached its destroy_process_group: crashed names that.
     (rules.leaving, ending(STEP1, failed("RuntimeError", "boom"), on=(1,)), {}),
 ], ids=["joining_early_sampler", "joining_starting", "sharding_crashed_early", "reshuffling_one_epoch",
@@ -361,24 +361,25 @@ def _both_joined_as_0_and_wait() -> dict:
      "a TODO is still open at line 75"),
 ], ids=["join_before_skip", "sampler_before_join", "crash_before_skip", "todo_before_crash"])
 def test_verdict_names_the_root_cause_first(step, ranks, timed_out, expected):
-    got = rules.verdict(step, ranks, world_size=WORLD, epochs=2, timed_out=timed_out)
+    got = rules.first_mistake(step, ranks, world_size=WORLD, epochs=2, timed_out=timed_out)
     assert got is not None and got.startswith(expected), got
 
 
 def test_verdict_names_a_stall_only_when_the_run_was_stopped():
     waiting = cut(STEP1, "collective", phase="exit")  # both ranks in the same all_reduce: nothing else is wrong
-    assert rules.verdict(1, waiting, timed_out=False) is None
-    assert rules.verdict(1, waiting, timed_out=True) == (
+    assert rules.first_mistake(1, waiting, timed_out=False) is None
+    assert rules.first_mistake(1, waiting, timed_out=True) == (
         "the ranks stopped making progress (rank 0 in all_reduce (line 30); rank 1 in all_reduce (line 30)): look for "
         "a collective that not every rank reaches")
 
 
 def test_verdict_checks_the_lessons_of_its_own_step():
     unwrapped = drop(STEP3, "ddp")
-    assert rules.verdict(2, unwrapped) is None  # step 2 has no DDP yet
-    assert rules.verdict(1, no_sampler(STEP2)) is None  # nor step 1 a sampler
-    assert rules.verdict(2, no_sampler(STEP2)).startswith("no rank built a DistributedSampler")
-    assert rules.verdict(3, unwrapped).startswith("rank 0 never wrapped its model in DistributedDataParallel")
+    assert rules.first_mistake(2, unwrapped) is None  # step 2 has no DDP yet
+    assert rules.first_mistake(1, no_sampler(STEP2)) is None  # nor step 1 a sampler
+    assert rules.first_mistake(2, no_sampler(STEP2)).startswith("no rank built a DistributedSampler")
+    assert rules.first_mistake(3, unwrapped).startswith("rank 0 never wrapped its model in DistributedDataParallel")
     # Step 3's all_reduce sums the losses, not rank + 1: step 1's summing is not one of its rules.
-    assert rules.summing(STEP3) == "rank 1 contributed [3.0] (line 55), expected [2.0]: each rank contributes its rank + 1"
-    assert rules.verdict(3, STEP3) is None
+    assert step_rules.summing(STEP3) == ("rank 1 contributed [3.0] (line 55), expected [2.0]: each rank contributes "
+                                         "its rank + 1")
+    assert rules.first_mistake(3, STEP3) is None

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from tests.conftest import REPO, run_torchrun
 from workshop_lib.debug import hangwatch
-from workshop_lib.debug.hangreport import diagnosis, one_line
+from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
@@ -34,7 +34,7 @@ def test_a_rank_elsewhere_is_named_with_its_function_and_line():
                          current=call("all_reduce", 2), history=[call("all_reduce", 1), call("all_reduce", 2)]),
                1: answer(1, [["t.py", 20, "main", ""], ["t.py", 4, "evaluate", "time.sleep(9)"]],
                          last=call("all_reduce", 1), history=[call("all_reduce", 1)])}
-    lines = diagnosis(0, STUCK, "has waited 6 s", answers, 2)
+    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
     text = "\n".join(lines)
     assert lines[0] == "rank 0 has waited 6 s in all_reduce #2 (float32[3]), called at t.py:9 in train()"
     assert "never arrived: rank 1" in text
@@ -47,18 +47,18 @@ def test_different_shapes_and_different_ops_are_told_apart():
     mine = call("all_reduce", 2)
     shapes = {0: answer(0, [], current=mine, history=[mine]),
               1: answer(1, [], current=call("all_reduce", 2, "float32[1]"), history=[call("all_reduce", 2, "float32[1]")])}
-    text = "\n".join(diagnosis(0, STUCK, "has waited 6 s", shapes, 2))
+    text = "\n".join(explain(0, STUCK, "has waited 6 s", shapes, 2))
     assert "with float32[1] where rank 0 has float32[3]" in text and "same shape and dtype" in text
     assert "first differ (op, tensors or call site) at #2" in text
     ops = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
     assert "rank 1 is in all_gather #2 (float32[3]) at t.py:7 in f(), not in all_reduce #2" in "\n".join(
-        diagnosis(0, STUCK, "has waited 6 s", ops, 2))
+        explain(0, STUCK, "has waited 6 s", ops, 2))
 
 
 def test_ranks_that_left_in_backward_or_silent_are_each_explained():
     answers = {0: answer(0, []), 1: answer(1, [], left=True, last=call("all_gather", 7)),
                2: answer(2, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", 0, "DDP's gradient buckets"))}
-    text = "\n".join(diagnosis(0, STUCK, "has waited 6 s", answers, 4))
+    text = "\n".join(explain(0, STUCK, "has waited 6 s", answers, 4))
     assert "never arrived: rank 1, 2, 3" in text
     assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_gather #7" in text
     assert "rank 2 never entered all_reduce #2: it is in loss.backward()" in text
@@ -68,19 +68,19 @@ def test_ranks_that_left_in_backward_or_silent_are_each_explained():
 def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
     mine = call("all_reduce", 2)
     elsewhere = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
-    assert one_line(diagnosis(0, STUCK, "has waited 6 s", elsewhere, 2)) == (
+    assert one_line(explain(0, STUCK, "has waited 6 s", elsewhere, 2)) == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "all_gather #2 (float32[3]) at t.py:7 in f()")
     backward = {0: answer(0, [], current=mine),
                 1: answer(1, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", 0, "DDP's buckets"))}
-    assert one_line(diagnosis(0, STUCK, "has waited 6 s", backward, 2)) == (
+    assert one_line(explain(0, STUCK, "has waited 6 s", backward, 2)) == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "loss.backward(), where DDP all-reduces the gradients (step() at t.py:3)")
     left = {0: answer(0, [], current=mine), 1: answer(1, [], left=True)}
-    assert one_line(diagnosis(0, STUCK, "has waited 6 s", left, 2)).endswith(
+    assert one_line(explain(0, STUCK, "has waited 6 s", left, 2)).endswith(
         "rank 1 never joined it: it has left the job (it called destroy_process_group)")
     shapes = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_reduce", 2, "float32[1]"))}
-    assert one_line(diagnosis(0, STUCK, "has waited 6 s", shapes, 2)).endswith(
+    assert one_line(explain(0, STUCK, "has waited 6 s", shapes, 2)).endswith(
         "rank 1 is in it too, but with float32[1] where rank 0 has float32[3]: every rank must pass the same "
         "shape and dtype")
 

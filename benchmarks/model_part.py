@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from workshop_lib.scaling import cost
+from workshop_lib.scaling import cost, published
 from workshop_lib.scaling.measure import MachineFit, measure
 
 
@@ -53,9 +53,9 @@ def compare(fit: MachineFit, figures: dict, batches: list[int]) -> list[dict]:
 
 def projections(fit: MachineFit) -> list[dict]:
     lstm = fit.workload(64)
-    links = {"loopback (measured here)": fit.loopback(), **cost.LINKS}
+    links = {"loopback (measured here)": fit.loopback(), **published.LINKS}
     rows = []
-    for work in (lstm, *cost.WORKLOADS.values()):
+    for work in (lstm, *published.WORKLOADS.values()):
         for lname, link in links.items():
             for r in cost.project(work, link, cost.ranks(link.max_ranks, 2)):
                 rows.append({"model": work.name, "link": lname, **r})
@@ -99,7 +99,7 @@ def render(fit: MachineFit, rows: list[dict], source: str, proj: list[dict], che
             lines.append(f"| {r['global_batch']} | {r['config']} | {r['compute_ms']:.1f} | {r['allreduce_ms']:.2f} "
                          f"| {r['straggler_ms']:.1f} | {r['step_ms']:.1f} | {r['predicted']:,.0f} "
                          f"| {'-' if r['measured'] is None else format(r['measured'], ',.0f')} | {_pct(r['error'])} |")
-    lines += ["\n## Checked against a published result\n", cost.HOROVOD["source"] + ".\n",
+    lines += ["\n## Checked against a published result\n", published.HOROVOD["source"] + ".\n",
               "| model | parameters | overlap | predicted efficiency at 512 | published | difference |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {c['model']} | {c['params'] / 1e6:.1f}M | {c['overlap']:.0%} | {c['predicted_efficiency']:.0%} "
@@ -125,7 +125,7 @@ def run(results: Path, figures: dict | None = None, quick: bool = False, command
         fit = measure(batches=tuple(sorted({64, *batches})), rank_batches=tuple(g // 2 for g in batches))
     seconds, load = time.perf_counter() - start, (load0, os.getloadavg()[0])
     rows, proj = compare(fit, figures, batches), projections(fit)
-    checks = cost.horovod_check(0.0) + cost.horovod_check(1.0)
+    checks = published.horovod_check(0.0) + published.horovod_check(1.0)
     results.mkdir(parents=True, exist_ok=True)
     (results / "model.json").write_text(json.dumps(
         {"command": command, "measured_from": source, "fit": fit.as_dict(), "seconds": seconds, "load_average": load,

@@ -4,7 +4,7 @@ The benchmark launches each rank through this wrapper,
 ``torchrun ... benchmarks/rank_rss.py OUT_DIR solutions/step3_ddp.py ARGS``,
 so each rank writes ``OUT_DIR/rank<R>.json`` with its ``ru_maxrss``: peak
 memory per rank, not of torchrun's whole process tree. A torchrun worker of
-this workshop ends with ``os._exit`` (``distributed.exit_worker``), which skips
+this workshop ends with ``os._exit`` (``cli.exit_worker``), which skips
 ``finally`` blocks, so the record is also written just before that.
 """
 

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.conftest import REPO, SOLUTIONS, cpu_env
 from workshop_lib.debug.stacks import pyspy_exe
-
-from .conftest import REPO, SOLUTIONS, cpu_env
 
 STEP3 = SOLUTIONS / "step3_ddp.py"
 # Small and quick, but several optimizer steps per epoch so a kill can land inside one.

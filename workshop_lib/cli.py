@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-from workshop_lib.distributed import exit_worker, rank_label
+from workshop_lib.distributed import read_launch_env
 from workshop_lib.errors import WorkshopError
 
 
@@ -14,7 +15,7 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
 
     Under torchrun every rank runs this; each prefixes its rank so the line that
     names the problem also names where it happened, and then ends its process
-    at once (see :func:`workshop_lib.distributed.exit_worker`).
+    at once (see :func:`exit_worker`).
     """
     code = 0
     try:
@@ -29,3 +30,24 @@ def run_cli(main: Callable[[Sequence[str] | None], object], argv: Sequence[str] 
         code = 130
     exit_worker(code)  # returns only outside a multi-process job
     return code
+
+
+def rank_label() -> str:
+    """'[rank N] ' in a multi-process job, '' otherwise: a prefix for messages."""
+    launch = read_launch_env()
+    return f"[rank {launch.rank}] " if launch.world_size > 1 else ""
+
+
+def exit_worker(code: int) -> None:
+    """In a multi-process job, end this process now, after teardown; elsewhere return.
+
+    A finished gloo rank sometimes aborts while the interpreter shuts down (C++
+    destructors racing: "terminate called without an active exception"), and
+    torchrun then reports a good run as failed. Leaving with ``os._exit`` after the
+    process group is destroyed and the output flushed skips that shutdown.
+    """
+    if read_launch_env().world_size <= 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

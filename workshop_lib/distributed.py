@@ -102,12 +102,6 @@ def read_launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
         raise WorkshopError(f"incomplete torchrun environment ({err}); launch with torchrun, or unset WORLD_SIZE") from None
 
 
-def rank_label() -> str:
-    """'[rank N] ' in a multi-process job, '' otherwise: a prefix for messages."""
-    launch = read_launch_env()
-    return f"[rank {launch.rank}] " if launch.world_size > 1 else ""
-
-
 def check_backend(backend: str, launch: LaunchEnv) -> None:
     """Refuse, in one line, a backend this node cannot run (NCCL without a GPU for every local process)."""
     if backend != "nccl":
@@ -282,21 +276,6 @@ def _relay(err: BaseException, message: str) -> None:
         traceback.print_exception(err, file=sys.stderr)
         raise WorkshopError(message) from err
     raise WorkshopError(message) from None
-
-
-def exit_worker(code: int) -> None:
-    """In a multi-process job, end this process now, after teardown; elsewhere return.
-
-    A finished gloo rank sometimes aborts while the interpreter shuts down (C++
-    destructors racing: "terminate called without an active exception"), and
-    torchrun then reports a good run as failed. Leaving with ``os._exit`` after the
-    process group is destroyed and the output flushed skips that shutdown.
-    """
-    if read_launch_env().world_size <= 1:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def teardown() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from workshop_lib.checks import rules
+from workshop_lib.checks import rules, step_rules
 from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks, train_on_two_nodes
 from workshop_lib.distributed import DistEnv
 
@@ -188,7 +188,7 @@ def _mean(env: DistEnv, fn: Callable) -> list[dict]:
 def mean_over_ranks(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``fn(value, env)`` must return the mean of every rank's value, on every rank (1.0 and 3.0 give 2.0)."""
     events = dict(enumerate(run_on_ranks(_mean, nprocs, fn, timeout=timeout, name="mean_over_ranks")))
-    message = rules.averaging(events, world_size=nprocs)
+    message = step_rules.averaging(events, world_size=nprocs)
     if message:
         raise CheckFailed(message)
     got = events[0][-1]["result"]
@@ -198,8 +198,8 @@ def mean_over_ranks(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
 def rank0_duties(train: Callable, nprocs: int = 2, timeout: float = 120) -> None:
     """The step-3 ``train`` on 2 ranks, one per "node": the DDP wrap, rank-0 evaluation and saving, the mean loss."""
     events = train_on_two_nodes(train, nprocs, timeout)
-    for rule in (rules.open_todo, rules.sharding, rules.wrapping, rules.evaluating, rules.saving,
-                 rules.crashed, rules.skipped_collective, rules.reshuffling, rules.averaging):
+    for rule in (rules.open_todo, step_rules.sharding, step_rules.wrapping, step_rules.evaluating, step_rules.saving,
+                 rules.crashed, rules.skipped_collective, step_rules.reshuffling, step_rules.averaging):
         message = rule(events, world_size=nprocs, epochs=2)
         if message:
             raise CheckFailed(message)

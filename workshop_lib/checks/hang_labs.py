@@ -12,9 +12,7 @@ the fix holds.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError, first_sentence
 from workshop_lib.lab.build import MINE, SOLUTIONS, write_script
-from workshop_lib.lab.launch import LaunchError, torchrun
+from workshop_lib.lab.launch import LaunchError, start_job, torchrun
 from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
@@ -158,12 +156,9 @@ def background(name: str, pg_timeout: float = 60.0, wait: float = 90.0):
     args = [a if a != ARGS[ARGS.index("--timeout") + 1] else str(pg_timeout) for a in ARGS]
     log = Path(tempfile.mkdtemp(prefix="hang-")) / "job.log"
     record = log.with_name("hang.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(write_broken(name)), *args, "--batch-size", str(lab.batch_size), "--no-progress"]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                                     hangreport.RECORD_VARIABLE: str(record)})
+        proc = start_job(write_broken(name), [*args, "--batch-size", lab.batch_size, "--no-progress"], 2,
+                         stdout=out, env={hangreport.RECORD_VARIABLE: str(record)})
     proc.log = log
     try:
         deadline = time.monotonic() + wait

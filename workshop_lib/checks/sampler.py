@@ -75,11 +75,11 @@ def sharded_run(result: dict, nproc: int = 2) -> None:
 
 def epoch_loop(train: Callable, nprocs: int = 2, timeout: float = 120) -> None:
     """The step-2 ``train`` on 2 ranks, one per "node": each its own shard, a new order every epoch."""
-    from workshop_lib.checks import rules
+    from workshop_lib.checks import rules, step_rules
 
     events = train_on_two_nodes(train, nprocs, timeout)
-    for rule in (rules.open_todo, rules.sharding, rules.crashed, rules.skipped_collective,
-                 rules.reshuffling):
+    for rule in (rules.open_todo, step_rules.sharding, rules.crashed, rules.skipped_collective,
+                 step_rules.reshuffling):
         message = rule(events, world_size=nprocs, epochs=2)
         if message:
             raise CheckFailed(message)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workshop_lib.checks import rules
+from workshop_lib.checks.events import _of
 from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab.build import EXERCISES, MINE
@@ -137,7 +138,7 @@ def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall
             now = [current, *(len(ev) for ev in ranks.values())]
             if now != sizes:
                 sizes, last_change = now, time.monotonic()
-            wrong_join = all(rules._of(ev, "init", phase="enter") for ev in ranks.values()) and \
+            wrong_join = all(_of(ev, "init", phase="enter") for ev in ranks.values()) and \
                 rules.joining(ranks, world_size=WORLD)
             if wrong_join or time.monotonic() - start > limit_s * len(items) or \
                     time.monotonic() - last_change > stall_s:
@@ -209,7 +210,7 @@ def _judge(path: Path, step: int, run: dict) -> tuple[str, str]:
     if not any(ranks.values()):
         tail = [line for line in run["output"].splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
-    message = rules.verdict(step, ranks, world_size=WORLD, epochs=EPOCHS, timed_out=run["stopped"])
+    message = rules.first_mistake(step, ranks, world_size=WORLD, epochs=EPOCHS, timed_out=run["stopped"])
     if message is None:
         line = destroy_outside_finally(path.read_text())
         if line is not None:

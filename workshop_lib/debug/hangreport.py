@@ -1,6 +1,6 @@
 """The diagnosis that hangwatch prints: who never arrived, and where each rank is.
 
-:func:`diagnosis` turns every rank's answer (its main thread's stack, the
+:func:`explain` turns every rank's answer (its main thread's stack, the
 collective it is in, the ones it entered before; JSON, through the rendezvous
 store) into the short block that the waiting rank prints. Pure functions of
 the answers, so the wording is tested without starting processes.
@@ -36,7 +36,7 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
-def diagnosis(rank: int, call: StuckCall, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
+def explain(rank: int, call: StuckCall, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
     """The lines that explain ``call`` stuck on ``rank``, from every rank's answer."""
     lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
     missing = []

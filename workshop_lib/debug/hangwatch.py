@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives, frames, hangreport
-from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, diagnosis
+from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, explain
 from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_sentence
 
@@ -209,7 +209,7 @@ class Watch:
                         if answer["asked"] >= asked:
                             answers[r] = answer
                 time.sleep(0.05)
-        lines = diagnosis(self.rank, call, how, answers, self.world_size)
+        lines = explain(self.rank, call, how, answers, self.world_size)
         print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
             hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")])

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -21,7 +20,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import rank_logs
 from workshop_lib.lab.launch import LaunchError
 from workshop_lib.lab.processes import kill_tree
 
@@ -217,11 +217,11 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
                 _own_signal_handlers():
             results = elastic_launch(config, _rank_main)(fn, backend, timeout, hang_after, log_dir, *args)
     except ChildFailedError as err:
-        raise LaunchError(_failure_report(name, _failures(err), log_dir)) from None
+        raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(err), log_dir)) from None
     except TimeoutError as err:
-        raise LaunchTimeout(_failure_report(name, [str(err)], log_dir)) from None
+        raise LaunchTimeout(rank_logs.failure_report(name, [str(err)], log_dir)) from None
     except _HangSeen as hang:
-        raise HangError(_failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang)) from None
+        raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang)) from None
     except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
@@ -229,7 +229,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
-    _show_rank0(log_dir)
+    rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
 
@@ -243,65 +243,9 @@ def _stop_ranks(log_dir: str, stacks: bool) -> None:
     import psutil
 
     if stacks:
-        _dump_stacks(Path(log_dir) / "stacks.log")
+        rank_logs.dump_stacks(Path(log_dir) / "stacks.log")
     for pid_file in Path(log_dir).glob("rank*.pid"):
         with contextlib.suppress(ValueError, psutil.Error):
             pid = int(pid_file.read_text())
             if psutil.Process(pid).ppid() == os.getpid():  # still our child, not a recycled pid
                 kill_tree(pid, grace=0, first=signal.SIGKILL)
-
-
-def _dump_stacks(path: Path) -> None:
-    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
-    import psutil
-
-    from workshop_lib.debug.stacks import pyspy_dump
-
-    parts = []
-    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
-        try:
-            done = pyspy_dump(child.pid, native=True, timeout=15)
-            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
-        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
-            parts.append(f"----- pid {child.pid}: no stack ({err})")
-    path.write_text("\n".join(parts) or "no child processes left")
-
-
-def _failures(err) -> list[str]:
-    """One line per failed rank: 'rank R raised X: message (File ..., line N, in f)', or its exit code."""
-    lines = []
-    for rank, failure in sorted(err.failures.items()):
-        msg = failure.message
-        if isinstance(msg, dict):
-            stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
-            where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
-            first = first_line(str(msg.get("message", "?")), 10_000) or "?"
-            lines.append(f"rank {rank} raised {first}" + (f" ({where})" if where else ""))
-        else:
-            lines.append(f"rank {rank} failed with exit code {failure.exitcode}")
-    return lines or ["a rank failed"]
-
-
-def _rank_logs(log_dir: str) -> dict[int, str]:
-    """{rank: everything it printed}."""
-    return {int(p.stem[4:]): p.read_text(errors="replace") for p in sorted(Path(log_dir).glob("rank*.log"))}
-
-
-def _show_rank0(log_dir: str) -> None:
-    text = _rank_logs(log_dir).get(0, "")
-    if text:
-        print(text, end="" if text.endswith("\n") else "\n", flush=True)
-
-
-def _failure_report(name: str, failures: list[str], log_dir: str) -> str:
-    """The failed ranks, one line each, and the file with every rank's output (kept for reading)."""
-    path = Path(log_dir) / "all.log"
-    parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
-    launcher = Path(log_dir) / "launcher.log"
-    if launcher.is_file():
-        parts.append(f"===== torch's launcher\n{launcher.read_text(errors='replace')}")
-    stacks = Path(log_dir) / "stacks.log"
-    if stacks.is_file():  # after a timeout: where every process was
-        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
-    path.write_text("\n".join(parts))
-    return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

@@ -137,62 +137,18 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     """
     if show not in ("rank0", "all", None):
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
-    script = _resolve(script)
-    if not script.is_file():
-        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {REPO_ROOT})")
-    args = [str(a) for a in args]
-    if out is not False and _flag_value(args, "--out") is None:
-        if out is None:
-            (REPO_ROOT / "runs").mkdir(exist_ok=True)
-            out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=REPO_ROOT / "runs")
-        args += ["--out", _display_path(_resolve(out))]
-    if out is not False and "--no-progress" not in args:
-        args.append("--no-progress")
-    out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
+    script, args, out_dir = _arguments(script, args, out)
     epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
-
-    launcher = ["--standalone", f"--nproc_per_node={nproc}"]
-    command = " ".join(["torchrun", *launcher, _display_path(script), *map(shlex.quote, args)])
+    command = " ".join(["torchrun", "--standalone", f"--nproc_per_node={nproc}", _display_path(script),
+                        *map(shlex.quote, args)])
     print(f"$ {command}", flush=True)
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
-    # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
-    argv = [sys.executable, "-m", "torch.distributed.run", *launcher, "--tee", "3", "--log-dir", log_dir,
-            str(script), *args]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-
     start, started_at = time.perf_counter(), time.time()
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
-    output: list[str] = []
+    # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
+    proc = start_job(script, args, nproc, ["--tee", "3", "--log-dir", log_dir])
     bar = _EpochBar(epochs, progress)
-    deadline = start + timeout
     try:
-        while True:
-            try:
-                raw = lines.get(timeout=max(0.0, min(1.0, deadline - time.perf_counter())))
-            except queue.Empty:
-                if time.perf_counter() >= deadline:
-                    kill_tree(proc)
-                    raise LaunchError(_failure(f"timed out after {timeout:g}s; stopped every rank", output),
-                                      output) from None
-                continue
-            if raw is None:
-                break
-            m = _RANK_PREFIX.match(raw)
-            rank, text = (int(m.group("rank")), m.group("text")) if m else (None, raw)
-            line = f"[rank {rank}] {text}" if rank is not None else f"[torchrun] {text}"
-            output.append(line)
-            if rank == 0:
-                bar.feed(text)
-            if show == "all":
-                print(line, flush=True)
-            elif show == "rank0" and rank == 0:
-                print(text, flush=True)
-        proc.wait(timeout=30)
+        output = _follow(proc, show, bar, start + timeout, timeout)
     except KeyboardInterrupt:  # the notebook's stop button, or Ctrl-C: stop every rank as a terminal's Ctrl-C would
         kill_tree(proc, first=signal.SIGINT)
         bar.close()
@@ -206,7 +162,6 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     if proc.returncode != 0:
         raise LaunchError(_failure(f"exited with code {proc.returncode} (torchrun logs: {log_dir})", output), output)
     shutil.rmtree(log_dir, ignore_errors=True)
-
     result = RunResult()
     written = out_dir / "metrics.json" if out_dir is not None else None
     if written is not None and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
@@ -215,6 +170,68 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
         result.update(read_metrics(written))
     result.command, result.output, result.seconds = command, output, time.perf_counter() - start
     return result
+
+
+def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike | bool | None) -> tuple:
+    """(the script's path, its arguments with --out and --no-progress added where they apply, the out directory)."""
+    script = _resolve(script)
+    if not script.is_file():
+        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {REPO_ROOT})")
+    args = [str(a) for a in args]
+    if out is not False and _flag_value(args, "--out") is None:
+        if out is None:
+            (REPO_ROOT / "runs").mkdir(exist_ok=True)
+            out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=REPO_ROOT / "runs")
+        args += ["--out", _display_path(_resolve(out))]
+    if out is not False and "--no-progress" not in args:
+        args.append("--no-progress")
+    out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
+    return script, args, out_dir
+
+
+def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
+              stdout=subprocess.PIPE, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node=N script args`` in a session of its own: how the lab starts a job.
+
+    One thread per rank unless OMP_NUM_THREADS says otherwise; ``env`` adds variables. Stop it with
+    :func:`workshop_lib.lab.processes.kill_tree`.
+    """
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            *torchrun_flags, str(script), *map(str, args)]
+    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    text = {"text": True, "bufsize": 1} if stdout is subprocess.PIPE else {}
+    return subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
+                            start_new_session=True, **text)
+
+
+def _follow(proc: subprocess.Popen, show: str | None, bar, deadline: float, timeout: float) -> list[str]:
+    """Read the job's lines until it ends, labelled by rank; show them as asked and feed rank 0's to the bar."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, lines), daemon=True).start()
+    output: list[str] = []
+    while True:
+        try:
+            raw = lines.get(timeout=max(0.0, min(1.0, deadline - time.perf_counter())))
+        except queue.Empty:
+            if time.perf_counter() >= deadline:
+                kill_tree(proc)
+                raise LaunchError(_failure(f"timed out after {timeout:g}s; stopped every rank", output),
+                                  output) from None
+            continue
+        if raw is None:
+            break
+        m = _RANK_PREFIX.match(raw)
+        rank, text = (int(m.group("rank")), m.group("text")) if m else (None, raw)
+        line = f"[rank {rank}] {text}" if rank is not None else f"[torchrun] {text}"
+        output.append(line)
+        if rank == 0:
+            bar.feed(text)
+        if show == "all":
+            print(line, flush=True)
+        elif show == "rank0" and rank == 0:
+            print(text, flush=True)
+    proc.wait(timeout=30)
+    return output
 
 
 def _interrupted(out_dir: Path | None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from workshop_lib.lab import plots
-from workshop_lib.scaling import cost
+from workshop_lib.scaling import cost, published
 
 GB = 1e9
 
@@ -61,7 +61,7 @@ class Explorer:
     and ``alpha`` latency, ring bandwidth with tree latency, ``ns`` ranks.
     """
 
-    def __init__(self, work: cost.Workload = cost.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
+    def __init__(self, work: cost.Workload = published.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
                  ns: Sequence[int] = tuple(cost.ranks(1024))):
         self.work, self.alpha, self.ns = work, alpha, list(ns)
         self.fig, (self.ax,) = plots._new_figure(width=6.4, height=3.8)

@@ -1,0 +1,70 @@
+"""Two nodes on one machine: two torchrun agents meet at a c10d rendezvous on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.conftest import REPO
+from tests.reliability import RUN, STEP3, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
+from workshop_lib.distributed import read_launch_env
+
+
+def nodes(args: list, run_id: str, head_args: tuple = (), other_args: tuple = ()) -> list[Launch]:
+    """What each node of a cluster runs, here twice on localhost (the agents find each other by run_id).
+
+    The first node starts alone until it hosts the rendezvous store, as the head node of a cluster would;
+    its store binds port 0, and the second node is given the port it took.
+    """
+    launcher = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-id={run_id}"]
+    head = Launch([*launcher, "--rdzv-endpoint=127.0.0.1:0", *args, *head_args])
+    assert head.wait_for(lambda: listening_port(head.proc.pid) is not None, 60), head.output[-3000:]
+    port = listening_port(head.proc.pid)
+    return [head, Launch([*launcher, f"--rdzv-endpoint=127.0.0.1:{port}", *args, *other_args])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_two_nodes_train_like_one_node_with_two_processes(tmp_path):
+    launches = nodes([STEP3, *RUN, "--out", tmp_path], "workshop-multinode")
+    try:
+        codes = [launch.wait(timeout=180) for launch in launches]
+    finally:
+        for launch in launches:
+            stop(launch)
+    output = "\n".join(launch.output for launch in launches)
+    assert codes == [0, 0], output[-3000:]
+    assert output.count("metrics:") == 1 and "global batch 16" in output  # one global rank 0, two ranks
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2
+    same_results(metrics, reference_metrics())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_failing_on_the_other_node_is_named_and_the_rest_exit_in_time():
+    """No shared agent to kill the survivor: it must notice by itself and say which rank failed."""
+    timeout = 60
+    # The rank on the second node fails; the first node, which hosts the rendezvous store, survives it.
+    launches = nodes([REPO / "tests" / "workers" / "fault_worker.py", "raise", timeout], "workshop-multinode-fault",
+                     head_args=("survive",), other_args=("fail",))
+    try:
+        assert launches[0].wait_for(lambda: "fails now" in launches[1].output, 90), launches[1].output[-3000:]
+        codes = [launch.wait(timeout=timeout + 30) for launch in launches]
+    finally:
+        for launch in launches:
+            stop(launch)
+    output = "\n".join(launch.output for launch in launches)
+    assert all(code != 0 for code in codes), output[-3000:]
+    assert "lost contact" not in output  # the survivor learnt of the failure from the store, not by timing out
+    failed = re.search(r"rank (\d) fails now", launches[1].output).group(1)
+    survivor = 1 - int(failed)
+    assert (f"[rank {survivor}] error: rank {failed} failed (RuntimeError: rank {failed} raised on purpose); "
+            "this rank stopped with it") in launches[0].output, output[-3000:]
+
+
+def test_the_rendezvous_defaults_to_localhost():
+    assert read_launch_env({}).master_addr == "127.0.0.1"
+    assert read_launch_env({"WORLD_SIZE": "2", "RANK": "1"}).master_addr == "127.0.0.1"

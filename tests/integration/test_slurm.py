@@ -1,0 +1,201 @@
+"""slurm/ddp.sbatch under a real SLURM: munged, slurmctld and slurmd on localhost, started here.
+
+The daemons run as root with their own config, keys, ports and spool in a tmp
+dir (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, one node named
+after ``hostname -s``), and are stopped, with every job process, at the end.
+Skipped where SLURM is not installed (apt-get install slurm-wlm munge) or not root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, cpu_env
+from tests.reliability import RUN, environ_of, reference_metrics, same_results
+from workshop_lib.lab.launch import free_port
+
+SBATCH = REPO / "slurm" / "ddp.sbatch"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "sinfo", "squeue", "scancel", "scontrol", "srun")
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
+_missing = [name for name in (*DAEMONS, *CLIENTS) if _which(name) is None]
+needs_slurm = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(_missing), reason=f"SLURM not installed ({', '.join(_missing)} missing); "
+                                              "apt-get install slurm-wlm munge"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the test's own slurmd must run as root"),
+]
+
+CONF = """\
+ClusterName=workshop
+SlurmctldHost={host}
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={dir}/munge.socket
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SwitchType=switch/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+PlugStackConfig={dir}/plugstack.conf
+ReturnToService=2
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=workshop Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "ab") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(predicate, timeout: float, what: str, logs: list[Path]) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.2)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in logs if p.exists())
+    raise AssertionError(f"{what} within {timeout}s\n{tails}")
+
+
+def _job_processes(conf: Path) -> list[int]:
+    """Every process that carries our SLURM_CONF: the daemons' children and the job's ranks."""
+    return [proc.pid for proc in psutil.process_iter() if proc.pid != os.getpid()
+            and environ_of(proc.pid).get("SLURM_CONF") == str(conf)]
+
+
+def _wait_for_job(job_id: str, env: dict[str, str], timeout: float) -> tuple[str, str]:
+    """(JobState, ExitCode) once the job has ended; polled often (sbatch --wait sleeps up to 10 s per poll)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        p = subprocess.run([_which("scontrol"), "-o", "show", "job", job_id], env=env, capture_output=True,
+                           text=True, timeout=10)
+        fields = dict(f.split("=", 1) for f in p.stdout.split() if "=" in f)
+        if fields.get("JobState") not in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return fields["JobState"], fields.get("ExitCode", "")
+        time.sleep(0.3)
+    subprocess.run([_which("scancel"), job_id], env=env, timeout=10)
+    raise AssertionError(f"job {job_id} still running after {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A one-node SLURM cluster on localhost; yields the environment its clients need."""
+    d = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    key = d / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    (d / "plugstack.conf").write_text("")
+    conf = d / "slurm.conf"
+    conf.write_text(CONF.format(host=socket.gethostname().split(".")[0], dir=d, cpus=os.cpu_count(),
+                                ctld_port=free_port(), slurmd_port=free_port()))
+    env = {**cpu_env(), "SLURM_CONF": str(conf), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    logs = [d / "munged.log", d / "slurmctld.log", d / "slurmd.log", d / "daemons.out"]
+    daemons = []
+    try:
+        daemons.append(_start([_which("munged"), "-F", "--force", f"--socket={d}/munge.socket",
+                               f"--key-file={key}", f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log",
+                               f"--seed-file={d}/munged.seed"], env, d / "daemons.out"))
+        _wait(lambda: (d / "munge.socket").exists(), 20, "munged did not start", logs)
+        daemons.append(_start([_which("slurmctld"), "-D", "-c", "-f", str(conf)], env, d / "daemons.out"))
+        daemons.append(_start([_which("slurmd"), "-D", "-f", str(conf)], env, d / "daemons.out"))
+
+        def idle() -> bool:
+            p = subprocess.run([_which("sinfo"), "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=10)
+            return p.stdout.strip() == "idle"
+
+        _wait(idle, 60, "the node did not become idle", logs)
+        yield env
+    finally:
+        with contextlib.suppress(Exception):
+            subprocess.run([_which("scancel"), "--full", "--user=root"], env=env, timeout=10, capture_output=True)
+        for daemon in reversed(daemons):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(daemon.pid, signal.SIGTERM)
+            try:
+                daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(daemon.pid, signal.SIGKILL)
+                daemon.wait(timeout=10)
+        for pid in _job_processes(conf):  # slurmstepd and ranks left behind, if any
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@needs_slurm[0]
+@needs_slurm[1]
+@needs_slurm[2]
+@pytest.mark.timeout(120)
+def test_srun_works(cluster):
+    p = subprocess.run([_which("srun"), "-n2", "hostname"], env=cluster, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [socket.gethostname()] * 2
+
+
+@needs_slurm[0]
+@needs_slurm[1]
+@needs_slurm[2]
+@pytest.mark.timeout(300)
+def test_sbatch_trains_step3_like_torchrun(cluster, tmp_path):
+    """One node x 2 processes through sbatch -> srun -> torchrun: the same numbers as torchrun alone.
+
+    The --out path holds a space, a ';' and a '$(...)': it must arrive as one argument, never run.
+    """
+    out = tmp_path / "out dir;$(touch pwned)"
+    log = tmp_path / "job.out"
+    job = subprocess.run([_which("sbatch"), "--parsable", "--nodes=1", f"--cpus-per-task={os.cpu_count()}",
+                          f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step3_ddp.py", *RUN,
+                          "--out", str(out)],
+                         env={**cluster, "NPROC_PER_NODE": "2"}, capture_output=True, text=True, timeout=30)
+    assert job.returncode == 0, job.stderr
+    state = _wait_for_job(job.stdout.strip().split(";")[0], cluster, timeout=240)
+    text = log.read_text() if log.exists() else ""
+    assert state == ("COMPLETED", "0:0"), (state, text[-3000:])
+    host = socket.gethostname().split(".")[0]
+    assert f"1 node(s) x 2 process(es), rendezvous {host}:" in text, text[-3000:]
+    assert not list(tmp_path.rglob("pwned")) and not (REPO / "pwned").exists()
+    same_results(json.loads((out / "metrics.json").read_text()), reference_metrics())
+
+
+def test_sbatch_script_without_a_training_script_says_so():
+    p = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=10, env=cpu_env())
+    assert p.returncode == 2
+    assert p.stderr == ("error: no training script given; use: sbatch slurm/ddp.sbatch "
+                        "solutions/step3_ddp.py [flags]\n")

@@ -1,0 +1,137 @@
+"""CSV loading, tokenizer, dataset, split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from tests.conftest import SHIPPED
+from workshop_lib.data import TokenizedDataset, load_splits, load_table, pad_collate
+from workshop_lib.errors import WorkshopError
+from workshop_lib.split import stratified_split
+from workshop_lib.tokenizer import SmilesTokenizer
+
+
+def test_tokenizer_keeps_multi_character_atoms_whole():
+    tokens = SmilesTokenizer.split("ClC(Br)c1cc[nH]c1[C@@H](N)%12")
+    assert tokens == ["Cl", "C", "(", "Br", ")", "c", "1", "c", "c", "[nH]", "c", "1", "[C@@H]", "(", "N", ")", "%12"]
+
+
+def test_tokenizer_round_trips_the_shipped_data():
+    smiles = pd.read_csv(SHIPPED)["smiles"].tolist()[:500]
+    tok = SmilesTokenizer.fit(smiles)
+    assert all(tok.decode(tok.encode(s)) == s for s in smiles)
+    assert tok.itos[:2] == ["<pad>", "<unk>"]
+
+
+def test_tokenizer_is_deterministic_and_maps_unseen_tokens_to_unk():
+    a, b = SmilesTokenizer.fit(["CCO", "c1ccccc1"]), SmilesTokenizer.fit(["c1ccccc1", "CCO"])
+    assert a.itos == b.itos
+    assert a.encode("CBr") == [a.stoi["C"], SmilesTokenizer.UNK]
+    assert SmilesTokenizer.from_state_dict(a.state_dict()).itos == a.itos
+
+
+def test_tokenizer_names_an_unknown_character():
+    with pytest.raises(WorkshopError, match=r"row 5.*'X' at position 2"):
+        SmilesTokenizer.split("CCXC", row=3)
+
+
+def test_bbbp_layout_is_detected(bbbp_style_csv):
+    table = load_table(bbbp_style_csv)
+    assert table.labels.tolist() == [1, 1, 0, 0]
+    assert table.smiles[0] == "[Cl].CC(C)NCC(O)COc1cccc2ccccc12"
+    assert "[smiles -> p_np]" in table.source
+
+
+def test_columns_can_be_named(tmp_path):
+    path = tmp_path / "custom.csv"
+    path.write_text("mol,crosses\nCCO,1\nc1ccccc1,0\n")
+    table = load_table(path, smiles_col="mol", label_col="crosses")
+    assert table.labels.tolist() == [1, 0]
+
+
+def test_a_lone_binary_column_is_taken_as_the_label(tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_text("id,SMILES,weight,bbb_plus\n7,CCO,46.1,1\n8,CCN,45.1,0\n")
+    assert load_table(path).labels.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty"),
+        ("name,p_np,smiles\n", "no rows"),
+        ("name,p_np\na,1\nb,0\n", "no SMILES column"),
+        ("name,smiles\na,CCO\nb,CCN\n", "no label column"),
+        ("name,p_np,smiles\na,1,CCO\nb,yes,CCN\n", "only 0 and 1, found 'yes' in row 3"),
+        ("name,p_np,smiles\na,1,CCO\nb,2,CCN\n", "only 0 and 1"),
+        ("name,p_np,smiles\na,1,CCO\nb,1,CCN\n", "single class"),
+    ],
+)
+def test_bad_csvs_name_the_problem(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(WorkshopError, match=message):
+        load_table(path)
+
+
+def test_missing_file_and_oversized_limit(tmp_path, bbbp_style_csv):
+    with pytest.raises(WorkshopError, match="not found"):
+        load_table(tmp_path / "nope.csv")
+    with pytest.raises(WorkshopError, match="--limit 5 is larger than the 4"):
+        load_table(bbbp_style_csv, limit=5)
+
+
+def test_limit_takes_a_seeded_random_subset():
+    a, b = load_table(SHIPPED, limit=300, seed=1), load_table(SHIPPED, limit=300, seed=1)
+    assert a.smiles == b.smiles and len(a.smiles) == 300
+    assert 0 < a.labels.mean() < 1  # the shipped file is sorted by class; a head would not be
+
+
+def test_split_is_stratified_disjoint_covering_and_reproducible():
+    labels = load_table(SHIPPED).labels
+    train, dev, held = stratified_split(labels, 0.1, 0.2, seed=1729)
+    assert len(set(train) | set(dev) | set(held)) == len(labels) == len(train) + len(dev) + len(held)
+    assert abs(len(held) / len(labels) - 0.1) < 0.002
+    assert abs(len(dev) / (len(train) + len(dev)) - 0.2) < 0.002
+    for part in (train, dev, held):
+        assert abs(labels[part].mean() - labels.mean()) < 0.01
+    again = stratified_split(labels, 0.1, 0.2, seed=1729)
+    assert all(np.array_equal(x, y) for x, y in zip((train, dev, held), again, strict=True))
+    other = stratified_split(labels, 0.1, 0.2, seed=7)
+    assert not np.array_equal(held, other[2])
+
+
+def test_dataset_batches_equal_the_padding_collate():
+    smiles = ["CCO", "c1ccccc1Cl", "N", "CC(=O)Oc1ccccc1C(=O)O"]
+    ds = TokenizedDataset(smiles, np.array([1, 0, 1, 0]), SmilesTokenizer.fit(smiles))
+    fast = ds.__getitems__([1, 2])
+    slow = pad_collate([ds[1], ds[2]])
+    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.lengths, slow.lengths)
+    assert torch.equal(fast.labels, slow.labels)
+    assert fast.tokens.shape == (2, len(SmilesTokenizer.split("c1ccccc1Cl")))
+
+
+def test_load_splits_on_shipped_data():
+    splits = load_splits(SHIPPED)
+    assert (len(splits.train), len(splits.dev), len(splits.heldout)) == (5620, 1406, 781)
+    assert splits.train.tokens.dtype == torch.int64
+    assert int(splits.train.lengths.max()) == splits.train.tokens.shape[1]
+
+
+def test_a_blank_smiles_is_an_error_naming_its_row(tmp_path):
+    path = tmp_path / "blank.csv"
+    path.write_text("name,p_np,smiles\na,1,CCO\nb,0,   \nc,1,CCN\n")
+    with pytest.raises(WorkshopError, match=r"SMILES column 'smiles' in .* is blank in row 3; fill in"):
+        load_table(path)
+
+
+def test_the_vocabulary_does_not_depend_on_limit():
+    """Fitted on the whole table: a quick --limit run builds the same model as a full one."""
+    full, quick = load_splits(SHIPPED), load_splits(SHIPPED, limit=200)
+    assert quick.tokenizer.itos == full.tokenizer.itos
+    assert len(quick.train) + len(quick.dev) + len(quick.heldout) == 200
+    fitted_on_subset = SmilesTokenizer.fit(load_table(SHIPPED, limit=200).smiles)
+    assert len(fitted_on_subset) < len(full.tokenizer)  # what --limit used to change

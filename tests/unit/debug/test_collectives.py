@@ -1,0 +1,49 @@
+"""One wrapper around torch's collectives, shared by every observer."""
+
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from workshop_lib.debug import collectives
+
+
+class _Log:
+    def __init__(self, only=None):
+        self.seen, self.only = [], only
+
+    def enter(self, op, args, kwargs):
+        if self.only and op not in self.only:
+            return None
+        self.seen.append(("enter", op))
+        return op
+
+    def leave(self, token, error):
+        if token is not None:
+            self.seen.append(("leave", token, type(error).__name__ if error else None))
+
+
+def test_observers_share_one_wrapper_and_torch_is_put_back():
+    original = dist.all_reduce
+    a, b = _Log(), _Log(only={"barrier"})
+    with collectives.observing(a):
+        wrapped = dist.all_reduce
+        with collectives.observing(b):
+            assert dist.all_reduce is wrapped  # a second observer wraps nothing again
+            with pytest.raises((ValueError, RuntimeError)):  # no process group: torch's own error passes through
+                dist.all_reduce(torch.ones(1))
+        assert dist.all_reduce is wrapped  # a's still there
+    assert dist.all_reduce is original and torch.autograd.backward.__module__.startswith("torch")
+    assert a.seen[0] == ("enter", "all_reduce") and a.seen[1][0] == "leave" and a.seen[1][2] is not None
+    assert b.seen == []  # it observes barriers only
+
+
+def test_backward_is_observed_for_the_hang_watch():
+    log = _Log(only={collectives.BACKWARD})
+    x = torch.ones(2, requires_grad=True)
+    with collectives.observing(log):
+        (2 * x).sum().backward()
+    assert log.seen == [("enter", "backward"), ("leave", "backward", None)]
+    assert x.grad.tolist() == [2.0, 2.0]

@@ -1,0 +1,54 @@
+"""Which frames are the learner's: the filter keyed on packages."""
+
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+
+from workshop_lib.debug import frames
+
+LIB = Path(frames.__file__).resolve().parent.parent  # workshop_lib/
+
+
+@pytest.mark.parametrize(("path", "core_is_library", "library"), [
+    (str(LIB / "checks" / "record.py"), False, True),  # a tool
+    (str(LIB / "lab" / "forklaunch.py"), False, True),
+    (str(LIB / "check.py"), False, True),  # a command module
+    (str(LIB / "train.py"), False, False),  # the core is the learner's by default ...
+    (str(LIB / "train.py"), True, True),  # ... and library when asked
+    (torch.__file__, False, True),
+    (os.__file__, False, True),  # the standard library
+    ("<frozen runpy>", False, True),
+    ("torch/nn/modules/module.py", False, True),  # as py-spy prints it
+    ("/tmp/ipykernel_1/123.py", False, False),  # a notebook cell
+    ("solutions/step3_ddp.py", False, False),
+])
+def test_is_library_is_keyed_on_packages(path, core_is_library, library):
+    assert frames.is_library(path, core_is_library) is library
+
+
+def test_a_renamed_tool_module_still_counts_as_a_tool(tmp_path):
+    assert frames.is_tool(str(LIB / "checks" / "a_module_added_later.py"))
+    assert not frames.is_tool(str(LIB / "checkpoint.py"))
+
+
+def _here():
+    return frames.caller()
+
+
+def test_caller_is_the_innermost_frame_outside_the_library():
+    found = _here()
+    assert Path(found.filename).name == "test_frames.py" and found.name == "_here"
+
+
+def test_since_fork_drops_the_kernel_frames_before_a_forked_rank_started():
+    stack = traceback.StackSummary.from_list([
+        ("/tmp/ipykernel_1/1.py", 3, "<module>", ""), (str(LIB / "lab" / "forklaunch.py"), 70, "_rank_main", ""),
+        ("/tmp/ipykernel_1/2.py", 5, "check_all_reduce", "")])
+    assert [f.name for f in frames.since_fork(stack)] == ["check_all_reduce"]
+    assert [f.name for f in frames.users(stack)] == ["<module>", "check_all_reduce"]

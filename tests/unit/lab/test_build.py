@@ -1,0 +1,179 @@
+"""The generated scripts and exercise notebooks: up to date, and made correctly from the markers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from tests.conftest import REPO
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import build
+
+CELL = """def f(x):
+    y = x + 1
+    # TODO: double y
+    ### BEGIN SOLUTION
+    y = 2 * y
+    ### END SOLUTION
+    return y"""
+
+
+def test_generated_files_are_up_to_date():
+    proc = subprocess.run([sys.executable, "-m", "workshop_lib.build", "--check"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "up to date" in proc.stdout
+
+
+def test_solution_drops_the_hint_and_the_markers():
+    assert build.solution_source(CELL) == "def f(x):\n    y = x + 1\n    y = 2 * y\n    return y"
+
+
+def test_a_hint_may_run_over_several_comment_lines():
+    cell = ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n    ### BEGIN SOLUTION\n    x = 2 * x\n"
+            "    ### END SOLUTION\n    return x")
+    assert build.solution_source(cell) == "def f(x):\n    x = 2 * x\n    return x"
+    assert build.exercise_source(cell) == ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n"
+                                           '    raise NotImplementedError("fill in the TODO above")\n    return x')
+    with pytest.raises(WorkshopError, match=r"needs a '# TODO: \.\.\.' hint just above"):
+        build.solution_source("# a comment, not a hint\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n")
+
+
+def test_exercise_keeps_the_hint_and_raises_at_its_indent():
+    ex = build.exercise_source(CELL)
+    assert ex == ('def f(x):\n    y = x + 1\n    # TODO: double y\n'
+                  '    raise NotImplementedError("fill in the TODO above")\n    return y')
+    namespace = {}
+    exec(ex, namespace)
+    with pytest.raises(NotImplementedError):
+        namespace["f"](1)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("# TODO: x\n### BEGIN SOLUTION\nx = 1\n", "never closed"),
+    ("x = 1\n### END SOLUTION\n", "has no '### BEGIN SOLUTION'"),
+    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "needs a '# TODO: ...' hint"),
+    ("# TODO: x\n### BEGIN SOLUTION\n# TODO: y\n### BEGIN SOLUTION\n", "inside another span"),
+])
+def test_broken_markers_are_errors_naming_the_cell(source, message):
+    with pytest.raises(WorkshopError, match=message):
+        build.exercise_source(source, "nb.ipynb cell 3")
+
+
+def _tiny_notebook():
+    v4 = nbformat.v4
+    nb = v4.new_notebook()
+    cells = [v4.new_markdown_cell("# Tiny\n\nIntro."),
+             v4.new_raw_cell('"""Doc."""\n\nfrom __future__ import annotations'),
+             v4.new_code_cell("import math"),
+             v4.new_code_cell(CELL),
+             v4.new_code_cell("print(f(1))", outputs=[v4.new_output("stream", name="stdout", text="4\n")]),
+             v4.new_raw_cell('if __name__ == "__main__":\n    print(f(1))')]
+    for i, cell in enumerate(cells):
+        cell.id = f"c{i}"
+    for i in (1, 2, 3, 5):
+        cells[i].metadata["tags"] = ["script:tiny"]
+    nb.cells = cells
+    return nb
+
+
+@pytest.fixture
+def tiny_repo(tmp_path, monkeypatch):
+    for name in ("notebooks", "solutions", "exercises"):
+        (tmp_path / name).mkdir()
+    nbformat.write(_tiny_notebook(), tmp_path / "notebooks" / "00_tiny.ipynb")
+    monkeypatch.setattr(build, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(build, "NOTEBOOKS", tmp_path / "notebooks")
+    monkeypatch.setattr(build, "SOLUTIONS", tmp_path / "solutions")
+    monkeypatch.setattr(build, "EXERCISES", tmp_path / "exercises")
+    monkeypatch.setattr(build, "MINE", tmp_path / "mine")
+    return tmp_path
+
+
+def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
+    written = build.build()
+    assert sorted(p.relative_to(tiny_repo).as_posix() for p in written) == [
+        "exercises/00_tiny.ipynb", "exercises/tiny.py", "solutions/tiny.py"]
+    solution = (tiny_repo / "solutions" / "tiny.py").read_text()
+    assert solution.startswith("# Generated from notebooks/00_tiny.ipynb by `python -m workshop_lib.build`: do not edit.\n")
+    body = solution.split("\n", 2)[2]
+    assert body == ('"""Doc."""\n\nfrom __future__ import annotations\n\nimport math\n\n\n'
+                    'def f(x):\n    y = x + 1\n    y = 2 * y\n    return y\n\n\n'
+                    'if __name__ == "__main__":\n    print(f(1))\n')
+    proc = subprocess.run([sys.executable, tiny_repo / "solutions" / "tiny.py"], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "4\n"
+    exercise = (tiny_repo / "exercises" / "tiny.py").read_text()
+    assert "# TODO: double y" in exercise and "2 * y" not in exercise and "do not edit" in exercise.splitlines()[0]
+    compile(exercise, "tiny.py", "exec")
+
+    nb = nbformat.read(tiny_repo / "exercises" / "00_tiny.ipynb", as_version=4)
+    assert "generated from [notebooks/00_tiny.ipynb](../notebooks/00_tiny.ipynb)" in nb.cells[0].source
+    assert "do not edit" in nb.cells[0].source
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert "2 * y" not in nbformat.writes(nb)
+    assert any("print(f(1))" in c.source for c in code)  # the check cells stay
+
+
+def test_check_names_each_stale_file_and_fails(tiny_repo, capsys):
+    build.build()
+    assert build.build(check=True) == []
+    (tiny_repo / "solutions" / "tiny.py").write_text("# edited by hand\n")
+    (tiny_repo / "exercises" / "tiny.py").unlink()
+    with pytest.raises(SystemExit) as exit_:
+        build.main(["--check"])
+    assert exit_.value.code == 1
+    out = capsys.readouterr().out
+    assert "stale: solutions/tiny.py" in out and "stale: exercises/tiny.py" in out
+    assert "00_tiny.ipynb" not in out
+    assert (tiny_repo / "solutions" / "tiny.py").read_text() == "# edited by hand\n"  # --check changes nothing
+
+
+def test_write_script_uses_the_cells_as_run(tiny_repo, monkeypatch, capsys):
+    monkeypatch.chdir(tiny_repo / "notebooks")
+    monkeypatch.setattr(build, "_ran", {"c3": "def f(x):\n    # TODO: double y\n    return 3 * x"})
+    path = build.write_script("00_tiny.ipynb")
+    assert path == tiny_repo / "mine" / "tiny.py"
+    text = path.read_text()
+    assert text.startswith("# Your tiny, written from 00_tiny.ipynb") and "return 3 * x" in text
+    assert "do not edit" not in text
+    with pytest.raises(WorkshopError, match="not found"):
+        build.write_script("nope.ipynb")
+
+
+def test_every_solution_notebook_has_stored_outputs_and_a_header_free_source():
+    for path in build.source_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert any(c.outputs for c in code), f"{path.name} has no stored outputs: run python -m workshop_lib.build --execute"
+        assert all(not c.source.startswith("# Generated from") for c in code)
+
+
+def test_exercise_scripts_leave_the_solutions_out():
+    for path in sorted((REPO / "exercises").glob("step*.py")):
+        solution = (REPO / "solutions" / path.name).read_text()
+        exercise = path.read_text()
+        assert exercise.count('raise NotImplementedError("fill in the TODO above")') >= 1, path.name
+        assert exercise != solution
+        compile(exercise, path.name, "exec")
+
+
+@pytest.mark.timeout(150)
+def test_exercises_are_not_collected_by_pytest():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--ignore=tests"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "exercises/" not in proc.stdout
+    assert "notebooks/00_baseline.ipynb" in proc.stdout
+
+
+def test_exercise_header_asks_for_todos_only_where_there_are_some():
+    with_todo = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "def f():\n    # TODO: return one\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION")])
+    without = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(1)")])
+    header = {name: build.exercise_notebook(nb, "notebooks/x.ipynb").cells[0].source
+              for name, nb in (("todo", with_todo), ("none", without))}
+    assert "Fill in each `# TODO`" in header["todo"]
+    assert "TODO" not in header["none"] and "nothing to fill in" in header["none"]

@@ -1,0 +1,224 @@
+"""launch.torchrun and forklaunch.notebook_launch: output per rank, metrics back, failures and hangs stopped."""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.conftest import SOLUTIONS
+from tests.reliability import pyspy_attaches, still_alive
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import forklaunch, launch
+
+SCRIPT = """
+import argparse, json, os, sys, time
+from pathlib import Path
+from workshop_lib.distributed import read_launch_env
+p = argparse.ArgumentParser()
+p.add_argument("--out", type=Path)
+p.add_argument("--mode", default="ok")
+p.add_argument("--no-progress", action="store_true")
+a = p.parse_args()
+env = read_launch_env()
+(a.out / f"pid{env.rank}").write_text(str(os.getpid()))
+print(f"hello from {env.rank} of {env.world_size} threads={os.environ.get('OMP_NUM_THREADS')}", flush=True)
+if a.mode == "fail" and env.rank == 1:
+    print("rank one gives up", file=sys.stderr, flush=True)
+    raise SystemExit(3)
+if a.mode == "hang":
+    time.sleep(600)
+if env.rank == 0:
+    print("epoch 1/1  train loss 0.5", flush=True)
+    (a.out / "metrics.json").write_text(json.dumps({"answer": 42}))
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "tiny.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torchrun_shows_rank0_and_returns_its_metrics(script, tmp_path, capsys):
+    result = launch.torchrun(script, 2, ["--mode", "ok"], out=tmp_path, timeout=120)
+    captured = capsys.readouterr()
+    shown = captured.out.splitlines()
+    assert shown[0].startswith("$ torchrun --standalone --nproc_per_node=2 ") and f"--out {tmp_path}" in shown[0]
+    assert "hello from 0 of 2 threads=1" in shown
+    assert not any("hello from 1" in line for line in shown)  # rank 1's lines are kept, not shown
+    assert dict(result) == {"answer": 42}
+    assert result.rank_lines(1) == ["hello from 1 of 2 threads=1"]
+    assert result.command == shown[0][2:]
+    assert result.command.endswith("--no-progress")  # the script's own bar would arrive through a pipe
+    assert "1/1" in captured.err  # ours, fed by rank 0's "epoch 1/1" line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torchrun_failure_raises_with_the_ranks_last_lines_and_show_all_labels_them(script, tmp_path, capsys):
+    with pytest.raises(launch.LaunchError, match="exited with code 1") as err:
+        launch.torchrun(script, 2, ["--mode", "fail"], out=tmp_path, timeout=120, progress=False, show="all")
+    assert "[rank 1] rank one gives up" in str(err.value)
+    shown = capsys.readouterr().out.splitlines()
+    assert "[rank 0] hello from 0 of 2 threads=1" in shown
+    assert "[rank 1] hello from 1 of 2 threads=1" in shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torchrun_timeout_stops_every_rank(script, tmp_path):
+    with pytest.raises(launch.LaunchError, match="timed out after"):
+        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=10, progress=False)
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    assert still_alive(pids, timeout=10) == []  # gone, or at most zombies awaiting their reaper
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_stop_button_interrupts_every_rank_as_ctrl_c_does(script, tmp_path, capsys):
+    """JupyterLab's stop button raises KeyboardInterrupt in the kernel: torchrun gets SIGINT, as from a terminal."""
+    (tmp_path / "snapshot.pt").write_bytes(b"")  # as step 3 leaves one
+
+    def press_stop_once_both_ranks_run():
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    # A kernel's SIGINT handler raises KeyboardInterrupt; interrupt_main() does nothing under SIG_IGN or SIG_DFL,
+    # which something earlier in a long pytest session may have left behind.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=60, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    assert still_alive(pids, timeout=10) == []
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"the last whole snapshot is {tmp_path / 'snapshot.pt'}: run the same command "
+                                f"again to resume from it"), err
+
+
+def test_torchrun_refuses_a_missing_script_and_a_bad_show():
+    with pytest.raises(WorkshopError, match="not found"):
+        launch.torchrun("solutions/no_such_step.py")
+    with pytest.raises(WorkshopError, match="show='rank0', 'all' or None"):
+        launch.torchrun(SOLUTIONS / "step1_process_group.py", show="rank1")
+
+
+def _all_reduce(env, scale):
+    t = torch.tensor([env.rank + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {env.rank} holds {t.item():g}")
+    return env.rank, env.world_size, t.item() * scale
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_returns_every_rank_in_order(capsys):
+    assert forklaunch.notebook_launch(_all_reduce, 2, 10.0) == [(0, 2, 30.0), (1, 2, 30.0)]
+    assert capsys.readouterr().out == "rank 0 holds 3\n"  # only rank 0 speaks
+
+
+def _fail_on_rank1(env):
+    if env.rank == 1:
+        raise ValueError("rank 1 is unhappy")
+    return env.rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_names_the_failing_rank_in_one_line_and_keeps_the_logs_in_a_file(capfd):
+    with pytest.raises(launch.LaunchError) as err:
+        forklaunch.notebook_launch(_fail_on_rank1, 2)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "notebook_launch of _fail_on_rank1 failed:"
+    assert lines[1].startswith("rank 1 raised ValueError: rank 1 is unhappy (File ") and "in _fail_on_rank1" in lines[1]
+    assert lines[2].startswith("every rank's output: ") and len(lines) == 3
+    logs = Path(lines[2].split(": ", 1)[1]).read_text()
+    assert 'raise ValueError("rank 1 is unhappy")' in logs  # the rank's own traceback
+    assert "torch.distributed.elastic" in logs  # and the launcher's log
+    shown = capfd.readouterr()
+    assert "api.py" not in shown.err + shown.out and "Traceback" not in shown.err + shown.out  # none of it in the cell
+
+
+def _hang_on_rank1(env):
+    if env.rank == 1:
+        time.sleep(600)
+    return env.rank
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_times_out_and_keeps_where_each_rank_was():
+    with pytest.raises(launch.LaunchError, match="did not finish within 5s") as err:
+        forklaunch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+    all_log = Path(str(err.value).rsplit("every rank's output: ", 1)[1].strip())
+    stacks = all_log.read_text().split("===== stacks at the timeout (py-spy dump --native)\n", 1)
+    assert len(stacks) == 2, all_log.read_text()[-2000:]
+    if pyspy_attaches():  # rank 1's stack names the function it is stuck in
+        assert "_hang_on_rank1" in stacks[1], stacks[1][-3000:]
+
+
+def _all_reduce_on_rank0_only(env):
+    if env.rank == 0:
+        dist.all_reduce(torch.tensor([1.0]))
+    else:
+        time.sleep(600)  # never joins: the hang watch names it; the launch stops at once instead of at its timeout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early():
+    started = time.monotonic()
+    with pytest.raises(forklaunch.HangError) as err:
+        forklaunch.notebook_launch(_all_reduce_on_rank0_only, 2, timeout=100, hang_after=2)
+    assert time.monotonic() - started < 60  # not the 100 s timeout, nor the launcher's 30 s grace for SIGTERM
+    assert err.value.diagnosis.startswith("rank 0 waits in all_reduce #1 (called at ")
+    assert "in _all_reduce_on_rank0_only()); rank 1 never joined it: it is in _all_reduce_on_rank0_only() at " \
+        in err.value.diagnosis
+    assert f"the ranks hang: {err.value.diagnosis}" in str(err.value)
+    assert still_alive([p.pid for p in psutil.Process().children(recursive=True)], timeout=10) == []
+
+
+def _wait_for_the_stop_button(env):
+    time.sleep(600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_stop_button_stops_every_rank_and_leaves_the_kernel_as_it_was():
+    handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+
+    def press_stop_once_both_ranks_run():
+        while len(psutil.Process().children()) < 2:
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt, match="interrupted; every rank stopped"):
+        forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
+    assert still_alive([p.pid for p in psutil.Process().children(recursive=True)], timeout=10) == []
+    # torch's launcher installs its own handlers; the next stop must still be a KeyboardInterrupt
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+    assert forklaunch.notebook_launch(_all_reduce, 2, 1.0)[0] == (0, 2, 3.0)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(WorkshopError, match="restart the kernel"):
+        forklaunch.notebook_launch(_all_reduce, 2, 1.0)

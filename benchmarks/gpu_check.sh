@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, in one go (under 8 minutes on one modern GPU node):
-#   1. the GPU-gated tests (tests/test_gpu.py): packed LSTM on CUDA == CPU logits,
+#   1. the GPU-gated tests (tests/integration/test_gpu.py): packed LSTM on CUDA == CPU logits,
 #      nccl step 3 with replica_spread 0, snapshot resume on the GPU;
 #   2. the GPU figures: step 3 with the defaults (all of B3DB, 12 epochs) on
 #      min(2, GPUs) GPUs, and on 1 GPU at the same global batch: wall time,
@@ -34,7 +34,7 @@ EOF
 echo "machine: $(cat "$out/machine.txt")"
 
 echo "== 1. GPU tests"
-timeout 300 python -m pytest tests/test_gpu.py -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.log"
+timeout 300 python -m pytest tests/integration/test_gpu.py -q -rs -p no:cacheprovider 2>&1 | tee "$out/tests.log"
 
 echo "== 2. GPU figures"
 run_step3() {  # name nproc [flags...]

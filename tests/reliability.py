@@ -1,6 +1,6 @@
 """Helpers for the fault, multi-node and SLURM tests: ports, live launches, process trees (through psutil).
 
-Not a test module: tests/test_faults.py, test_multinode.py and test_slurm.py
+Not a test module: tests/integration/test_faults.py, test_multinode.py and test_slurm.py
 import it. Every launch starts in its own session, so :func:`stop` can end the
 launcher and every worker it spawned, and nothing outlives a test. Tests wait
 for events (a line of output, a file), never for a guessed number of seconds.

@@ -4,7 +4,7 @@ The same algorithm and random stream as scikit-learn's
 ``train_test_split(..., stratify=labels, random_state=seed)``, so the same
 indices, without importing scikit-learn: that import (through scipy.stats)
 costs every rank over a second of startup, more than training takes on BBBP.
-tests/test_split.py checks the indices against scikit-learn.
+tests/unit/core/test_split.py checks the indices against scikit-learn.
 """
 
 from __future__ import annotations

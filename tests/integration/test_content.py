@@ -30,7 +30,7 @@ def notebook(name: str):
 
 def cell(name: str, cell_id: str):
     found = [c for c in notebook(name).cells if c.get("id") == cell_id]
-    assert found, f"{name} has no cell {cell_id!r}: update the claim in tests/test_content.py"
+    assert found, f"{name} has no cell {cell_id!r}: update the claim in tests/integration/test_content.py"
     return found[0]
 
 
@@ -143,7 +143,8 @@ def prose(where: str) -> str:
 @pytest.mark.parametrize(("where", "pattern", "truth"), CLAIMS, ids=[f"{w} {p[:40]}" for w, p, _ in CLAIMS])
 def test_prose_figure_matches_its_source(where, pattern, truth):
     found = re.findall(pattern, prose(where))
-    assert len(found) == 1, f"{where}: the sentence /{pattern}/ is gone or repeated; update tests/test_content.py"
+    assert len(found) == 1, (f"{where}: the sentence /{pattern}/ is gone or repeated; "
+                             f"update tests/integration/test_content.py")
     assert found[0] == truth(), (f"{where} says {found[0]} where the source of truth gives {truth()}: "
                                  f"update the sentence /{pattern}/")
 

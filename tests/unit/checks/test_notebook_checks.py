@@ -145,10 +145,11 @@ def test_all_reduce_on_one_rank_only_is_a_hang_explained():
 def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_it(monkeypatch):
     monkeypatch.setattr(common, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
     started = time.monotonic()
-    with pytest.raises(common.CheckFailed, match=r"^rank 0 waits in all_reduce #1 \(called at tests/test_checks\.py:\d+ in "
-                       r"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "
-                       r"reduce_rank0_while_rank1_sleeps\(\) at tests/test_checks\.py:\d+: every rank must call "
-                       r"dist\.all_reduce, or the others wait for it$"):
+    here = r"tests/unit/checks/test_notebook_checks\.py"
+    with pytest.raises(common.CheckFailed, match=rf"^rank 0 waits in all_reduce #1 \(called at {here}:\d+ in "
+                       rf"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "
+                       rf"reduce_rank0_while_rank1_sleeps\(\) at {here}:\d+: every rank must call "
+                       rf"dist\.all_reduce, or the others wait for it$"):
         group.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
     assert time.monotonic() - started < 40  # the watch's 3 s and a second, not the 60 s timeout
 

@@ -217,11 +217,15 @@ def _save_and_read(lab: Lab, page, name: str):
     page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + 30
-    while (lab.root / name).stat().st_mtime_ns == before:
+    while True:  # saved: the file changed, the tab is clean again (the server answered), and it reads whole
         assert time.monotonic() < deadline, "JupyterLab did not save the notebook within 30 s"
+        if (lab.root / name).stat().st_mtime_ns != before and \
+                page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty").count() == 0:
+            try:
+                return nbformat.read(lab.root / name, as_version=4)
+            except (ValueError, nbformat.reader.NotJSONError):  # a write still in progress
+                pass
         time.sleep(0.2)
-    time.sleep(0.5)  # let the write finish
-    return nbformat.read(lab.root / name, as_version=4)
 
 
 def _check_notebook(lab: Lab, page, name: str) -> set[str]:

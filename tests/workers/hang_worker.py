@@ -3,13 +3,15 @@
 Every rank joins a gloo group and installs the watch; after one all_reduce,
 rank 1 goes elsewhere, as MODE says, while rank 0 enters all_reduce number 2:
 
-* ``busy``: rank 1 sits in ``evaluate()`` (a sleep) and joins later;
+* ``busy``: rank 1 sits in ``evaluate()`` until the watch has saved its block (``WORKSHOP_HANG_RECORD``),
+  then joins: the diagnosis is certain to come first, and the job still finishes;
 * ``exit``: rank 1 leaves the job (destroy_process_group) and ends;
 * ``wait``: rank 1 sits in ``evaluate()`` until killed (for diagnose).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -17,11 +19,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workshop_lib.debug import hangwatch
+from workshop_lib.debug import hangreport, hangwatch
 
 
-def evaluate(seconds: float) -> None:
-    time.sleep(seconds)  # rank 1 is here
+def evaluate(seconds: float, until_the_watch_speaks: bool = False) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:  # rank 1 is here
+        if until_the_watch_speaks and hangreport.load(os.environ[hangreport.RECORD_VARIABLE]):
+            return
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
         if mode == "exit":
             dist.destroy_process_group()
             return
-        evaluate(3600 if mode == "wait" else 3 * float(threshold))
+        evaluate(3600 if mode == "wait" else 60, until_the_watch_speaks=mode == "busy")
     dist.all_reduce(x)  # rank 0 waits here
     print(f"rank {dist.get_rank()} sum {x.tolist()}", flush=True)
     dist.destroy_process_group()

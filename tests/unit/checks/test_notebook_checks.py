@@ -144,14 +144,12 @@ def test_all_reduce_on_one_rank_only_is_a_hang_explained():
 @pytest.mark.timeout(120)
 def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_it(monkeypatch):
     monkeypatch.setattr(common, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
-    started = time.monotonic()
-    here = r"tests/unit/checks/test_notebook_checks\.py"
+    here = r"tests/unit/checks/test_notebook_checks\.py"  # the hang watch's line: a timeout would say "did not finish"
     with pytest.raises(common.CheckFailed, match=rf"^rank 0 waits in all_reduce #1 \(called at {here}:\d+ in "
                        rf"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "
                        rf"reduce_rank0_while_rank1_sleeps\(\) at {here}:\d+: every rank must call "
                        rf"dist\.all_reduce, or the others wait for it$"):
         group.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
-    assert time.monotonic() - started < 40  # the watch's 3 s and a second, not the 60 s timeout
 
 
 # --------------------------------------------- the step scripts' functions, with a mistake put in
@@ -261,10 +259,8 @@ def test_rank0_duties_names_a_rank_that_skips_a_collective_without_waiting_for_t
     skip = ("        stats = replace(stats, loss=mean_over_ranks(",
             "        if env.is_main:\n            stats = replace(stats, loss=mean_over_ranks(")
     train = _solution("step3_ddp", skip).train
-    started = time.monotonic()
-    with pytest.raises(common.CheckFailed) as err:
+    with pytest.raises(common.CheckFailed) as err:  # the hang watch's line (a timeout would say "did not finish")
         ddp.rank0_duties(train)
-    assert time.monotonic() - started < 60  # not the check's 120 s timeout
     # both ranks wait (rank 0 in the all_reduce, rank 1 in the next all_gather): the first to notice speaks
     source = (REPO / "solutions" / "step3_ddp.py").read_text().splitlines()
     reduce_at, gather_at = (1 + next(i for i, line in enumerate(source) if call in line)

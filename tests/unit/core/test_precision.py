@@ -29,6 +29,8 @@ def _mixed_precision_step() -> dict:
 
 def test_without_the_kernel_the_lstm_runs_in_float32_and_the_rest_in_bfloat16(monkeypatch):
     monkeypatch.setattr(precision, "cpu_bf16_lstm", lambda: False)
+    with precision.lstm_fallback(torch.device("cpu")):
+        assert not torch.backends.mkldnn.enabled  # the fallback's effect: PyTorch's own LSTM kernel, not oneDNN's
     assert _mixed_precision_step() == {"lstm": torch.float32, "logits": torch.bfloat16, "loss": torch.float32,
                                        "grad": torch.float32}
     assert torch.backends.mkldnn.enabled  # switched back on after the block
@@ -46,7 +48,7 @@ def test_with_the_kernel_the_fallback_changes_nothing(monkeypatch):
 AVX2_CHILD = """
 import torch
 from workshop_lib import precision
-from tests.test_precision import _mixed_precision_step
+from tests.unit.core.test_precision import _mixed_precision_step
 
 lstm = torch.nn.LSTM(4, 4, batch_first=True)
 try:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import REPO, run_torchrun
-from workshop_lib.debug import hangwatch
+from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
 
@@ -101,9 +101,10 @@ def lines_of(done, tag="hangwatch: "):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_late_rank_is_diagnosed_and_the_job_still_finishes():
-    """Rank 1 is 6 s late (threshold 2 s): rank 0 prints where rank 1 is, then both finish with the right sum."""
-    done = run_torchrun(WORKER, ["busy", 60, 2], timeout=120)
+def test_a_late_rank_is_diagnosed_and_the_job_still_finishes(tmp_path):
+    """Rank 1 comes late, once the watch (threshold 2 s) has printed where it is; both finish with the right sum."""
+    record = tmp_path / "hang.json"
+    done = run_torchrun(WORKER, ["busy", 60, 2], timeout=120, **{hangreport.RECORD_VARIABLE: str(record)})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "rank 1 sum [4.0, 4.0, 4.0]" in out  # the wrapped collectives still compute: ones, summed twice over 2 ranks
@@ -113,6 +114,7 @@ def test_a_late_rank_is_diagnosed_and_the_job_still_finishes():
     assert "never arrived: rank 1" in said, said
     assert f"rank 1 never entered all_reduce #2: it is in evaluate() at tests/workers/hang_worker.py:{line}" in said, said
     assert said.count("has waited") == 1, said  # one block for the job, not one per rank
+    assert [b["missing"] for b in hangreport.load(record)] == [[1]]  # and its record, for programs
 
 
 @pytest.mark.slow

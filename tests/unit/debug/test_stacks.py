@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import os
 import signal
@@ -15,8 +14,9 @@ import pytest
 
 from tests.conftest import REPO, cpu_env
 from tests.reliability import pyspy_attaches
-from workshop_lib.debug import stacks
+from workshop_lib.debug import hangreport, stacks
 from workshop_lib.debug.stacks import Rank, side_by_side
+from workshop_lib.lab.processes import kill_tree
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
 
@@ -48,18 +48,17 @@ def test_a_handler_for_sigusr1_is_seen_before_signalling():
 @pytest.mark.timeout(180)
 def test_diagnose_shows_both_ranks_of_a_waiting_job_with_py_spy_and_with_the_signal(tmp_path):
     """Rank 0 waits in all_reduce, rank 1 sits in evaluate(): both stacks, by py-spy and by SIGUSR1 into the log."""
-    log = tmp_path / "job.log"
+    log, record = tmp_path / "job.log", tmp_path / "hang.json"
     with open(log, "w") as out:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                str(WORKER), "wait", "120", "100"], cwd=REPO, env=cpu_env(), stdout=out,
+                                str(WORKER), "wait", "120", "1"], cwd=REPO,
+                               env=cpu_env(**{hangreport.RECORD_VARIABLE: str(record)}), stdout=out,
                                stderr=subprocess.STDOUT, start_new_session=True)
-    workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
-        while log.read_text().count("ready") < 2:
+        while not hangreport.load(record):  # the watch has spoken: rank 0 is in all_reduce #2, rank 1 in evaluate()
             assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        time.sleep(1)  # rank 0 is now in its second all_reduce, rank 1 in evaluate()
+            time.sleep(0.2)
         waiting, busy = f"hang_worker.py:{line_of('rank 0 waits here')}", f"hang_worker.py:{line_of('rank 1 is here')}"
 
         text = stacks.main([str(job.pid), "--width", "70"])
@@ -73,9 +72,5 @@ def test_diagnose_shows_both_ranks_of_a_waiting_job_with_py_spy_and_with_the_sig
         assert waiting in text and busy in text, text
         assert f"SIGUSR1 -> {log}" in text, text
     finally:
-        with contextlib.suppress(psutil.Error):
-            workers = workers or [p.pid for p in psutil.Process(job.pid).children(recursive=True)]
-        for pid in [job.pid, *workers]:  # torchrun puts each rank in its own session: one by one
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_tree(job, grace=0, first=signal.SIGKILL)
         job.wait(timeout=30)

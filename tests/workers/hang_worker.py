@@ -23,11 +23,12 @@ from workshop_lib.debug import hangreport, hangwatch
 
 
 def evaluate(seconds: float, until_the_watch_speaks: bool = False) -> None:
+    if not until_the_watch_speaks:
+        time.sleep(seconds)  # rank 1 is here
+        return
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:  # rank 1 is here
-        if until_the_watch_speaks and hangreport.load(os.environ[hangreport.RECORD_VARIABLE]):
-            return
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not hangreport.load(os.environ[hangreport.RECORD_VARIABLE]):
+        time.sleep(0.05)  # rank 1 is here (or one line up, reading the record)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks
+from workshop_lib.checks.common import CheckFailed, _passed, run_forked
 from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
@@ -80,7 +80,7 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
     of one process that took one SGD step per group of ``accum`` micro-batches
     of every rank, as one big batch, and DDP must have all-reduced once per step.
     """
-    ranks = run_on_ranks(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum, timeout=timeout,
+    ranks = run_forked(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum, timeout=timeout,
                          name="train_accumulating")
     status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
     if status == "todo":

@@ -61,7 +61,7 @@ def _call(fn: Callable, name: str, *args):
                           f"num_replicas= and rank=") from None
 
 
-def run_on_ranks(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
+def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
                  hang_after: float | None = None,
                  fix: str = "every rank must call every collective, in the same order") -> list:
     """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line.
@@ -110,4 +110,4 @@ def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
 def train_on_two_nodes(train: Callable, nprocs: int = 2, timeout: float = 120) -> dict[int, list[dict]]:
     """What each rank did in ``train(cfg, env)`` (200 molecules, 2 epochs), one rank per "node"."""
     with tempfile.TemporaryDirectory(prefix="train-check-") as out:
-        return dict(enumerate(run_on_ranks(_spied_train, nprocs, train, out, timeout=timeout, name="train")))
+        return dict(enumerate(run_forked(_spied_train, nprocs, train, out, timeout=timeout, name="train")))

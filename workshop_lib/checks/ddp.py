@@ -9,13 +9,15 @@ about rank vs local rank use a made-up rank 3 of 4, local rank 1, on a node with
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 
 import torch
 
 from workshop_lib.checks import rules, step_rules
-from workshop_lib.checks.common import CheckFailed, _passed, run_on_ranks, train_on_two_nodes
+from workshop_lib.checks.common import CheckFailed, _passed, run_forked, train_on_two_nodes
+from workshop_lib.debug.patching import patched
 from workshop_lib.distributed import DistEnv
 
 _GPU_ENV = DistEnv(rank=3, local_rank=1, world_size=4, local_world_size=2, device=torch.device("cuda", 1),
@@ -37,18 +39,15 @@ def _device_ids(wrap: Callable, env: DistEnv):
     from workshop_lib.model import SmilesLSTM
 
     names = wrap.__globals__
-    saved = {k: names[k] for k in ("DDP", "DistributedDataParallel") if k in names}
-    real = parallel.DistributedDataParallel
-    for k in saved:
-        names[k] = _FakeDDP
-    parallel.DistributedDataParallel = _FakeDDP
-    try:
-        wrapped = wrap(SmilesLSTM(12, 8, 8), env)
-    except NotImplementedError:
-        raise CheckFailed("wrap still raises NotImplementedError: fill in its TODO and run its cell again") from None
-    finally:
-        names.update(saved)
-        parallel.DistributedDataParallel = real
+    with contextlib.ExitStack() as fakes:
+        for k in ("DDP", "DistributedDataParallel"):
+            if k in names:
+                fakes.enter_context(patched(names, k, lambda _: _FakeDDP))
+        fakes.enter_context(patched(parallel, "DistributedDataParallel", lambda _: _FakeDDP))
+        try:
+            wrapped = wrap(SmilesLSTM(12, 8, 8), env)
+        except NotImplementedError:
+            raise CheckFailed("wrap still raises NotImplementedError: fill in its TODO and run its cell again") from None
     return wrapped.device_ids if isinstance(wrapped, _FakeDDP) else "no wrap"
 
 
@@ -103,7 +102,7 @@ def ddp_ids(wrap: Callable) -> None:
 def ddp_wrap(wrap: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``wrap(model, env)``: DDP around ``model``, device_ids by device, so one step leaves the replicas equal."""
     ddp_ids(wrap)
-    ranks = run_on_ranks(_ddp_step, nprocs, wrap, timeout=timeout)
+    ranks = run_forked(_ddp_step, nprocs, wrap, timeout=timeout)
     for r in ranks:
         if r["outcome"] != "ok":
             raise CheckFailed(r["outcome"])
@@ -153,7 +152,7 @@ def _by_hand(env: DistEnv, fn: Callable) -> dict:
 
 def average_gradients(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``fn(model, env)`` must leave every p.grad the mean over the ranks: one step then matches DDP's to 1e-6."""
-    ranks = run_on_ranks(_by_hand, nprocs, fn, timeout=timeout, name="average_gradients")
+    ranks = run_forked(_by_hand, nprocs, fn, timeout=timeout, name="average_gradients")
     for rank, r in enumerate(ranks):
         if r["weights"] <= 1e-6:
             continue
@@ -187,7 +186,7 @@ def _mean(env: DistEnv, fn: Callable) -> list[dict]:
 
 def mean_over_ranks(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
     """``fn(value, env)`` must return the mean of every rank's value, on every rank (1.0 and 3.0 give 2.0)."""
-    events = dict(enumerate(run_on_ranks(_mean, nprocs, fn, timeout=timeout, name="mean_over_ranks")))
+    events = dict(enumerate(run_forked(_mean, nprocs, fn, timeout=timeout, name="mean_over_ranks")))
     message = step_rules.averaging(events, world_size=nprocs)
     if message:
         raise CheckFailed(message)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from workshop_lib.checks import record
-from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, run_on_ranks
+from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, run_forked
 from workshop_lib.debug import collectives
 from workshop_lib.debug.patching import patched
 from workshop_lib.distributed import DistEnv
@@ -155,7 +155,7 @@ def _record_all_reduce(env: DistEnv, fn: Callable) -> dict:
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     """Run ``fn(env)`` on ``nprocs`` ranks; it must all_reduce(rank + 1) with SUM and see 1 + ... + N."""
-    ranks = run_on_ranks(_record_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
+    ranks = run_forked(_record_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
                          fix="every rank must call dist.all_reduce")
     expected = nprocs * (nprocs + 1) / 2
     if any(r["outcome"] == "todo" for r in ranks):

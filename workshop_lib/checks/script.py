@@ -95,7 +95,7 @@ def _read(events: Path) -> list[dict]:
     return [json.loads(line) for line in events.read_text().splitlines() if line.strip().endswith("}")]
 
 
-def run_ranks(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall_s: float = 25) -> list[dict]:
+def run_as_two_nodes(scripts: Sequence[Path], workdir: Path, limit_s: float = 60, stall_s: float = 25) -> list[dict]:
     """Run each script in turn on two single-process nodes (one pair of processes for all of them).
 
     Returns, per script, {"ranks": events by rank, "stopped": bool, "output": the ranks' lines}. A run that
@@ -172,7 +172,7 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
     todo = [i for i, r in enumerate(results) if r is None]
     if todo:
         with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
-            runs = run_ranks([paths[i] for i in todo], Path(tmp))
+            runs = run_as_two_nodes([paths[i] for i in todo], Path(tmp))
         for i, run in zip(todo, runs, strict=True):
             results[i] = _judge(paths[i], steps[i], run)
     return results

@@ -129,11 +129,6 @@ def never_arrived(block: list[str]) -> list[int]:
     return [int(r) for r in line.removeprefix("never arrived: rank ").split(", ") if r.strip().isdigit()]
 
 
-def names_a_missing_rank(block: list[str]) -> bool:
-    """Does the block say that a rank never arrived (the others wait for it; it is not merely late)?"""
-    return any(line.startswith("never arrived: rank ") for line in block)
-
-
 _HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:, called at (.*))?$")
 
 

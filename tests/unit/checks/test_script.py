@@ -167,7 +167,7 @@ def test_a_rank_that_skips_a_collective_is_named_within_the_time_limit(tmp_path)
                    tmp_path / "step3_ddp.py")
     work = tmp_path / "work"
     work.mkdir()
-    run = script.run_ranks([mine], work)[0]
+    run = script.run_as_two_nodes([mine], work)[0]
     # The checker stopped the run (not its limit) because the script's hang watch saved a block naming a rank
     # that the others wait for while it is still in the job.
     assert run["stopped"]

@@ -25,7 +25,7 @@ from workshop_lib.errors import WorkshopError, first_sentence
 from workshop_lib.lab.build import MINE, SOLUTIONS, write_script
 from workshop_lib.lab.launch import LaunchError, start_job, torchrun
 from workshop_lib.lab.processes import kill_tree
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import REPO_ROOT, write_atomic
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
 BROKEN = REPO_ROOT / "runs" / "hangs"
@@ -72,7 +72,8 @@ def write_broken(name: str, source: Path | None = None) -> Path:
     lines[hits[0]] = f"{indent}{lab.broken}\n"
     BROKEN.mkdir(parents=True, exist_ok=True)
     out = BROKEN / f"{name}.py"
-    out.write_text("".join(lines).replace("# Generated from", "# The broken version of the lab, generated from", 1))
+    text = "".join(lines).replace("# Generated from", "# The broken version of the lab, generated from", 1)
+    write_atomic(out, text.encode())  # a job of the same lab may be starting from it: never half written
     return out
 
 

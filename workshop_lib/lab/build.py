@@ -36,7 +36,7 @@ from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab.execute import execute
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import REPO_ROOT, write_atomic
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 SOLUTIONS = REPO_ROOT / "solutions"
@@ -251,10 +251,10 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
         name = names[0]
     text = script_text(nb, name, path.name, exercise=False, sources=_ran)
     body = text.split("\n", 2)[2]  # without the "generated, do not edit" header: this one is yours
-    text = f"# Your {name}, written from {path.name} by workshop_lib.build.write_script.\n" + body
+    text = f"# Your {name}, written from {path.name} by workshop_lib.lab.build.write_script.\n" + body
     out = Path(to) if to else MINE / f"{name}.py"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    write_atomic(out, text.encode())  # a job may be starting from the last version: never half written
     print(f"wrote {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out} "
           f"({text.count(chr(10))} lines)")
     return out

@@ -135,7 +135,7 @@ def check_fix(name: str, script: Path | None = None, timeout: float = JOB_TIMEOU
         return False
     finished, output = _launch(Path(script), lab, timeout)
     if finished:
-        last = [line for line in output if line.startswith("[rank 0] ")][-1:]
+        last = [line for line in output if line.startswith("[rank 0] ") and line[9:].strip()][-1:]
         print(f"✓ the job finished on both ranks: {last[0][len('[rank 0] '):] if last else '(no output)'}")
         return True
     print("✗ the job still fails:")

@@ -232,3 +232,17 @@ def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(WorkshopError, match="restart the kernel"):
         forklaunch.notebook_launch(_all_reduce, 2, 1.0)
+
+
+def test_lines_that_torchrun_tee_ran_together_are_split_again():
+    import io
+    import queue
+
+    from workshop_lib.lab import launch
+
+    lines: queue.Queue = queue.Queue()
+    launch._reader(io.StringIO("[default0]:done: 3 steps, replica_spread 0[default0]:\n[default1]:x [y]\n"), lines)
+    got = []
+    while (line := lines.get()) is not None:
+        got.append(line)
+    assert got == ["[default0]:done: 3 steps, replica_spread 0", "[default1]:x [y]"]

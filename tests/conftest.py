@@ -76,19 +76,9 @@ _STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_la
 _PROCESS_FIXTURES = {"cluster"}
 
 
-def _worker_group(item) -> str:
-    """Which items must share a pytest-xdist worker, in order: each file's; and notebooks 00 to 03 together,
-    since 02 and 03 plot the runs that the notebooks before them made."""
-    if item.path.suffix == ".ipynb" and item.path.name[:2] in ("00", "01", "02", "03"):
-        return "notebooks-00-03"
-    return item.path.name if item.path.suffix == ".ipynb" else str(item.path.relative_to(REPO))
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config, items) -> None:
     gpus = None
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
         if item.get_closest_marker("gpu"):
             if gpus is None:
                 import torch

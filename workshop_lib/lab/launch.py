@@ -30,7 +30,6 @@ from workshop_lib.paths import REPO_ROOT
 
 TAIL_LINES = 40
 _RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<rank>\d+)\]:(?P<text>.*)$")
-_MERGED = re.compile(r"(?<=.)(?=\[[A-Za-z_]+\d+\]:)")  # a rank prefix inside a line: two lines run together
 _EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s")
 
 
@@ -86,10 +85,13 @@ def _reader(stream, lines: queue.Queue) -> None:
         # torchrun's --tee writes each rank's stdout and stderr through separate pipes: on a busy machine a
         # line's "[default0]:" prefix can land before the previous line's newline. Split such lines again; an
         # empty fragment so split off is dropped.
-        first, *rest = _MERGED.split(line.rstrip("\n").rsplit("\r", 1)[-1])
+        line = line.rstrip("\n").rsplit("\r", 1)[-1]
+        m = _RANK_PREFIX.match(line)
+        role = re.escape(m.group("role")) if m else None  # torchrun's role ("default"), not a rank's own "[rank0]:"
+        first, *rest = re.split(rf"(?<=.)(?=\[{role}\d+\]:)", line) if role else [line]
         lines.put(first)
         for fragment in rest:
-            if not _RANK_PREFIX.fullmatch(fragment) or _RANK_PREFIX.fullmatch(fragment).group("text"):
+            if _RANK_PREFIX.fullmatch(fragment).group("text"):
                 lines.put(fragment)
     lines.put(None)
 

@@ -241,8 +241,10 @@ def test_lines_that_torchrun_tee_ran_together_are_split_again():
     from workshop_lib.lab import launch
 
     lines: queue.Queue = queue.Queue()
-    launch._reader(io.StringIO("[default0]:done: 3 steps, replica_spread 0[default0]:\n[default1]:x [y]\n"), lines)
+    launch._reader(io.StringIO("[default0]:done: 3 steps, replica_spread 0[default0]:\n[default1]:x [y]\n"
+                               "[default1]:[rank1]: RuntimeError: a rank's own label stays[default1]:next\n"), lines)
     got = []
     while (line := lines.get()) is not None:
         got.append(line)
-    assert got == ["[default0]:done: 3 steps, replica_spread 0", "[default1]:x [y]"]
+    assert got == ["[default0]:done: 3 steps, replica_spread 0", "[default1]:x [y]",
+                   "[default1]:[rank1]: RuntimeError: a rank's own label stays", "[default1]:next"]

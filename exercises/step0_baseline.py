@@ -1,5 +1,5 @@
 # Generated from notebooks/00_baseline.ipynb by `python -m workshop_lib.build`: do not edit.
-# Edit the notebook's cells tagged script:step0_baseline, then rebuild.
+# Edit the cells tagged script:step0_baseline, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 0: the single-process baseline.
 

@@ -1,5 +1,5 @@
 # Generated from notebooks/03_ddp.ipynb by `python -m workshop_lib.build`: do not edit.
-# Edit the notebook's cells tagged script:step3_ddp, then rebuild.
+# Edit the cells tagged script:step3_ddp, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 3: DistributedDataParallel keeps the replicas in step; rank 0 evaluates.
 

@@ -1,5 +1,5 @@
 # Generated from notebooks/00_baseline.ipynb by `python -m workshop_lib.build`: do not edit.
-# Edit the notebook's cells tagged script:step0_baseline, then rebuild.
+# Edit the cells tagged script:step0_baseline, then rebuild.
 """Step 0: the single-process baseline.
 
 One process trains a bidirectional LSTM to tell whether a molecule crosses

@@ -1,5 +1,5 @@
 # Generated from notebooks/01_process_group.ipynb by `python -m workshop_lib.build`: do not edit.
-# Edit the notebook's cells tagged script:step1_process_group, then rebuild.
+# Edit the cells tagged script:step1_process_group, then rebuild.
 """Step 1: a process group started by torchrun.
 
 torchrun starts one copy of this script per process and tells each copy its

@@ -1,5 +1,5 @@
 # Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
-# Edit the notebook's cells tagged script:step2_sampler, then rebuild.
+# Edit the cells tagged script:step2_sampler, then rebuild.
 """Step 2: DistributedSampler gives every rank its own shard of the data.
 
 Each rank now trains on 1/N of the molecules per epoch, so an epoch takes

@@ -23,6 +23,7 @@ docstring, the ``__main__`` guard): a notebook must not run them.
     python -m workshop_lib.build            # rewrite every generated file
     python -m workshop_lib.build --check    # exit 1 and name each stale file
     python -m workshop_lib.build --execute 02_distributed_sampler.ipynb   # re-run, store outputs
+    python -m workshop_lib.build --times    # each section's stated time against the count
 """
 
 from __future__ import annotations
@@ -127,22 +128,58 @@ def _join(pieces: Sequence[str]) -> str:
     return text + "\n"
 
 
-def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None) -> str:
-    """The script ``name`` from the notebook's tagged cells (``sources``: replacement text by cell id)."""
-    pieces = []
-    for i, cell in enumerate(nb.cells):
-        if name not in script_names(cell):
-            continue
-        src = (sources or {}).get(cell.get("id"), cell.source)
-        where = f"{source_name} cell {i}"
-        pieces.append(exercise_source(src, where) if exercise else solution_source(src, where))
-    if not pieces:
+def _kind(source: str) -> int:
+    """Where a cell goes in its script: 0 the docstring and imports, 1 the body, 2 ``def main``, 3 the guard."""
+    code = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    first = code[0] if code else ""
+    if first.startswith("if __name__"):
+        return 3
+    if first.startswith(('"""', "import ", "from ")):
+        return 0
+    return 2 if first.startswith("def main(") else 1
+
+
+def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
+                others: Sequence[tuple[str, object]] = ()) -> str:
+    """The script ``name`` from the cells tagged ``script:<name>`` (``sources``: replacement text by cell id).
+
+    ``nb`` (``source_name``) is the script's home notebook; ``others`` are (name, notebook) pairs of the
+    notebooks that lend it cells (steps 2 to 4 share step 1's ``main``), taken as solutions. In the
+    script: the home's docstring and imports, then every other cell in notebook order, ``def main``, the
+    ``__main__`` guard.
+    """
+    placed = []
+    for order, (where_nb, nb_name, home) in enumerate(
+            sorted([(nb, source_name, True)] + [(o, n, False) for n, o in others], key=lambda t: t[1])):
+        for i, cell in enumerate(where_nb.cells):
+            if name not in script_names(cell):
+                continue
+            src = (sources or {}).get(cell.get("id"), cell.source) if home else cell.source
+            where = f"{nb_name} cell {i}"
+            text = exercise_source(src, where) if exercise and home else solution_source(src, where)
+            kind = _kind(text)
+            placed.append(((kind, -home if kind == 0 else 0, order, i), text))
+    if not placed:
         raise WorkshopError(f"{source_name} has no cell tagged {SCRIPT_TAG}{name}; tag the script's cells")
-    header = [f"# Generated from {source_name} by `python -m workshop_lib.build`: do not edit.",
-              f"# Edit the notebook's cells tagged {SCRIPT_TAG}{name}, then rebuild."]
+    lenders = sorted(n for n, o in others if any(name in script_names(c) for c in o.cells))
+    also = f" (and cells of {', '.join(lenders)})" if lenders else ""
+    header = [f"# Generated from {source_name}{also} by `python -m workshop_lib.build`: do not edit.",
+              f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild."]
     if exercise:
         header.append(EXERCISE_NOQA)
-    return "\n".join(header) + "\n" + _join(pieces)
+    return "\n".join(header) + "\n" + _join([text for _, text in sorted(placed, key=lambda p: p[0])])
+
+
+def script_homes(notebooks: dict[str, object]) -> dict[str, str]:
+    """Each script's home notebook: the one holding its ``__main__`` guard (else the one with most of its cells)."""
+    scores: dict[str, dict[str, int]] = {}
+    for nb_name, nb in notebooks.items():
+        for i, cell in enumerate(nb.cells):
+            for name in script_names(cell):
+                guard = _kind(solution_source(cell.source, f"{nb_name} cell {i}")) == 3
+                scores.setdefault(name, {}).setdefault(nb_name, 0)
+                scores[name][nb_name] += 1000 if guard else 1
+    return {name: max(by_nb, key=lambda n: (by_nb[n], n)) for name, by_nb in scores.items()}
 
 
 # ---------------------------------------------------------------------------- notebooks
@@ -180,19 +217,24 @@ def source_notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
+def _read_sources() -> dict[str, object]:
+    import nbformat
+
+    return {p.relative_to(REPO_ROOT).as_posix(): nbformat.read(p, as_version=4) for p in source_notebooks()}
+
+
 def outputs() -> dict[Path, str]:
     """Every generated file and the text it should hold."""
     import nbformat
 
+    notebooks = _read_sources()
     files: dict[Path, str] = {}
-    for path in source_notebooks():
-        nb = nbformat.read(path, as_version=4)
-        source_name = path.relative_to(REPO_ROOT).as_posix()
-        names = list(dict.fromkeys(n for cell in nb.cells for n in script_names(cell)))
-        for name in names:
-            files[SOLUTIONS / f"{name}.py"] = script_text(nb, name, source_name, exercise=False)
-            files[EXERCISES / f"{name}.py"] = script_text(nb, name, source_name, exercise=True)
-        files[EXERCISES / path.name] = nbformat.writes(exercise_notebook(nb, source_name)) + "\n"
+    for name, home in script_homes(notebooks).items():
+        others = [(n, nb) for n, nb in notebooks.items() if n != home]
+        files[SOLUTIONS / f"{name}.py"] = script_text(notebooks[home], name, home, exercise=False, others=others)
+        files[EXERCISES / f"{name}.py"] = script_text(notebooks[home], name, home, exercise=True, others=others)
+    for source_name, nb in notebooks.items():
+        files[EXERCISES / Path(source_name).name] = nbformat.writes(exercise_notebook(nb, source_name)) + "\n"
     return files
 
 
@@ -249,7 +291,8 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
         if len(names) != 1:
             raise WorkshopError(f"{path.name} has scripts {names}; say which with name=")
         name = names[0]
-    text = script_text(nb, name, path.name, exercise=False, sources=_ran)
+    others = [(n, o) for n, o in _read_sources().items() if Path(n).name != path.name]  # lent cells, as solved
+    text = script_text(nb, name, path.name, exercise=False, sources=_ran, others=others)
     body = text.split("\n", 2)[2]  # without the "generated, do not edit" header: this one is yours
     text = f"# Your {name}, written from {path.name} by workshop_lib.lab.build.write_script.\n" + body
     out = Path(to) if to else MINE / f"{name}.py"
@@ -268,7 +311,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated file is stale")
     p.add_argument("--execute", nargs="*", metavar="NOTEBOOK",
                    help="first re-run these solution notebooks (in notebooks/) and store their outputs")
+    p.add_argument("--times", action="store_true",
+                   help="print each notebook's and section's stated time against the count (lab/budget.py)")
     args = p.parse_args(argv)
+    if args.times:
+        from workshop_lib.lab import budget
+
+        print(budget.table([budget.count(path) for path in source_notebooks()]))
+        return
     for name in args.execute or ():
         path = NOTEBOOKS / Path(name).name
         print(f"executing {path.relative_to(REPO_ROOT)}", flush=True)

@@ -177,3 +177,33 @@ def test_exercise_header_asks_for_todos_only_where_there_are_some():
               for name, nb in (("todo", with_todo), ("none", without))}
     assert "Fill in each `# TODO`" in header["todo"]
     assert "TODO" not in header["none"] and "nothing to fill in" in header["none"]
+
+
+def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
+    """Steps 2 to 4 share step 1's main: one cell, several script tags, taken as solved into every script."""
+    v4 = nbformat.v4
+    lender = v4.new_notebook()
+    main = v4.new_code_cell("def main():\n    # TODO: call f\n    ### BEGIN SOLUTION\n    print(f(g(1)))\n"
+                            "    ### END SOLUTION")
+    helper = v4.new_code_cell("def g(x):\n    return x")
+    for i, cell in enumerate((main, helper)):
+        cell.id, cell.metadata["tags"] = f"l{i}", ["script:tiny", "script:lender"]
+    lender.cells = [main, helper]
+    nbformat.write(lender, tiny_repo / "notebooks" / "01_lender.ipynb")
+    nb = _tiny_notebook()
+    nb.cells[5].source = 'if __name__ == "__main__":\n    main()'
+    nbformat.write(nb, tiny_repo / "notebooks" / "00_tiny.ipynb")
+
+    build.build()
+    solution = (tiny_repo / "solutions" / "tiny.py").read_text()
+    assert solution.splitlines()[0] == ("# Generated from notebooks/00_tiny.ipynb (and cells of "
+                                        "notebooks/01_lender.ipynb) by `python -m workshop_lib.build`: do not edit.")
+    order = [solution.index(s) for s in ('"""Doc."""', "import math", "def f(", "def g(", "def main(", "if __name__")]
+    assert order == sorted(order)  # docstring and imports, the body in notebook order, main, the guard
+    exercise = (tiny_repo / "exercises" / "tiny.py").read_text()
+    assert "print(f(g(1)))" in exercise and "# TODO: double y" in exercise  # lent cells come solved; home ones not
+    proc = subprocess.run([sys.executable, tiny_repo / "solutions" / "tiny.py"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout == "4\n"
+    assert build.script_homes(build._read_sources()) == {"tiny": "notebooks/00_tiny.ipynb",
+                                                         "lender": "notebooks/01_lender.ipynb"}

@@ -1,0 +1,54 @@
+"""The count every stated time comes from: words/150 + code lines/15 + 4 per exercise + run time."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from workshop_lib.lab import budget
+
+EXERCISE = "x = 1\n\n# TODO: set y\n### BEGIN SOLUTION\ny = 2\n### END SOLUTION\n"
+
+
+def _notebook(tmp_path, section_time: int = 3, total: int = 5):
+    v4 = nbformat.v4
+    nb = v4.new_notebook()
+    ran = v4.new_code_cell("print(1)")
+    ran.metadata["execution"] = {"iopub.execute_input": "2026-12-03T10:00:00.000000Z",
+                                 "shell.execute_reply": "2026-12-03T10:00:30.000000Z"}
+    nb.cells = [v4.new_markdown_cell(f"# Title\n\n**Time: about {total} minutes.**\n\n" + "word " * 144),
+                v4.new_code_cell("import os\n\n# a comment a learner reads\n"),
+                v4.new_markdown_cell(f"## 1. A section ({section_time} min)\n\n" + "word " * 145),
+                v4.new_code_cell(EXERCISE), ran,
+                v4.new_raw_cell("not shown as such: " + "word " * 100),
+                v4.new_markdown_cell("## Recap (1 min)\n\nDone.")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_count_of_a_notebook_and_its_sections(tmp_path):
+    c = budget.count(_notebook(tmp_path))
+    assert (c.title, c.stated, c.exercises) == ("nb", 5, 1)
+    assert c.words == 150 + 151 + 5  # title and intro; heading and section prose; the recap
+    assert c.code_lines == 2 + 5 + 1  # blank lines left out; comments, hints and markers counted
+    assert c.run_s == pytest.approx(30)
+    assert c.minutes == pytest.approx(306 / 150 + 8 / 15 + 4 + 0.5)
+    section, recap = c.parts
+    assert (section.title, section.stated) == ("1. A section (3 min)", 3)
+    assert section.minutes == pytest.approx(151 / 150 + 6 / 15 + 4 + 0.5)  # the set-up cell belongs to the notebook only
+    assert recap.stated == 1 and recap.words == 5
+
+
+def test_a_stated_time_off_by_more_than_a_third_is_named(tmp_path):
+    c = budget.count(_notebook(tmp_path, section_time=3, total=7))
+    section = c.parts[0]  # counts 5.9 min: 3 is off by more than a third, 7 is not
+    assert section.off() == "'1. A section (3 min)' states 3 min; the count says 6 min"
+    assert c.off() is None
+    assert budget.count(_notebook(tmp_path, section_time=6)).parts[0].off() is None
+    assert "states no time" in budget.Count("Recap").off()
+
+
+def test_the_table_has_a_row_per_notebook_and_section(tmp_path):
+    rows = budget.table([budget.count(_notebook(tmp_path))]).splitlines()
+    assert len(rows) == 1 + 3 and rows[1].startswith("nb ") and rows[2].startswith("  1. A section")

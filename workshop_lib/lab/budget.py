@@ -1,0 +1,126 @@
+"""How long a notebook takes a newcomer: the count every stated time comes from.
+
+A newcomer reads technical prose at about 150 words a minute and code at about
+15 lines a minute, and spends about 4 minutes on an exercise; the cells' own run
+time, measured when the notebook was last executed, comes on top::
+
+    minutes = words / 150 + code lines / 15 + 4 * exercises + run seconds / 60
+
+* words: the words of the markdown cells;
+* code lines: the non-blank lines of the code cells, comments included (a learner reads them);
+* exercises: the solution spans (``### BEGIN SOLUTION``), one per thing the learner writes;
+* run time: each code cell's ``metadata.execution`` (nbclient records it), from input to reply.
+
+A notebook is cut into sections at its ``## `` headings; what comes before the
+first one (the title, the set-up cell) belongs to the notebook only. A section
+states its time at the end of its heading, ``## 2. Backends (4 min)``; the
+notebook states its total in its first cell, ``**Time: about 25 minutes.**``.
+
+    python -m workshop_lib.build --times     # the table: stated against counted, per notebook and section
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE = 150, 15, 4
+_SECTION = re.compile(r"^## (?P<title>.+?)\s*$", re.M)
+_STATED_SECTION = re.compile(r"\((?:about )?(\d+) min\)\s*$")
+_STATED_NOTEBOOK = re.compile(r"\*\*Time: about (\d+) min(?:utes)?\b")
+_BEGIN = "### BEGIN SOLUTION"
+
+
+@dataclass
+class Count:
+    """One section (or a whole notebook): what a newcomer reads, writes and waits for."""
+
+    title: str
+    stated: int | None = None  # minutes, as the heading or the first cell says
+    words: int = 0
+    code_lines: int = 0
+    exercises: int = 0
+    run_s: float = 0.0
+    parts: list[Count] = field(default_factory=list)
+
+    @property
+    def minutes(self) -> float:
+        return (self.words / WORDS_PER_MIN + self.code_lines / LINES_PER_MIN
+                + MIN_PER_EXERCISE * self.exercises + self.run_s / 60)
+
+    def add(self, other: Count) -> None:
+        self.words += other.words
+        self.code_lines += other.code_lines
+        self.exercises += other.exercises
+        self.run_s += other.run_s
+
+    def off(self) -> str | None:
+        """Why the stated time disagrees with the count (by more than a third, after rounding), or None."""
+        if self.stated is None:
+            return f"{self.title!r} states no time; the count says {self.minutes:.0f} min"
+        if abs(self.stated - self.minutes) > self.minutes / 3 + 0.5:
+            return f"{self.title!r} states {self.stated} min; the count says {self.minutes:.0f} min"
+        return None
+
+
+def _run_seconds(cell) -> float:
+    timing = cell.get("metadata", {}).get("execution", {})
+    try:
+        start, end = timing["iopub.execute_input"], timing["shell.execute_reply"]
+    except KeyError:
+        return 0.0
+    return max(0.0, (_when(end) - _when(start)).total_seconds())
+
+
+def _when(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def cell_count(cell) -> Count:
+    """What one cell adds: raw cells (the script-only lines) are not shown to the learner as such."""
+    source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
+    c = Count("")
+    if cell.cell_type == "markdown":
+        c.words = len(source.split())
+    elif cell.cell_type == "code":
+        c.code_lines = sum(1 for line in source.splitlines() if line.strip())
+        c.exercises = sum(1 for line in source.splitlines() if line.strip() == _BEGIN)
+        c.run_s = _run_seconds(cell)
+    return c
+
+
+def count(path: Path) -> Count:
+    """The notebook's count, with one part per ``## `` section."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    first = nb.cells[0].source if nb.cells else ""
+    stated = _STATED_NOTEBOOK.search(first)
+    total = Count(Path(path).stem, int(stated.group(1)) if stated else None)
+    section: Count | None = None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            heading = _SECTION.search(cell.source)
+            if heading:
+                title = heading.group("title")
+                minutes = _STATED_SECTION.search(title)
+                section = Count(title, int(minutes.group(1)) if minutes else None)
+                total.parts.append(section)
+        c = cell_count(cell)
+        total.add(c)
+        if section is not None:
+            section.add(c)
+    return total
+
+
+def table(counts: list[Count]) -> str:
+    """The stated times against the counted ones, one row per notebook and section."""
+    rows = [f"{'':54} {'stated':>6} {'count':>6} {'words':>6} {'code':>5} {'ex':>3} {'run s':>6}"]
+    for nb in counts:
+        for c, indent in [(nb, "")] + [(p, "  ") for p in nb.parts]:
+            stated = "-" if c.stated is None else str(c.stated)
+            rows.append(f"{(indent + c.title)[:54]:54} {stated:>6} {c.minutes:6.1f} {c.words:6d} "
+                        f"{c.code_lines:5d} {c.exercises:3d} {c.run_s:6.0f}")
+    return "\n".join(rows)

@@ -38,7 +38,7 @@ def train(cfg: TrainConfig, device: torch.device) -> dict | None:
 
     best = BestModel()
     for epoch in range(cfg.epochs):
-        # TODO: progress bar, train one epoch, dev ROC AUC, keep the best, report (the 5 steps above)
+        # TODO: train one pass, score the dev split, keep the best weights, report the epoch
         raise NotImplementedError("fill in the TODO above")
 
     best.restore(model)

@@ -26,6 +26,7 @@ import nbformat
 import pytest
 
 from tests.conftest import REPO, cpu_env
+from workshop_lib.lab import jupyter_settings
 from workshop_lib.lab.launch import free_port
 
 # 02 has both kinds of rich output: launch.torchrun's epoch bar (a widget) and matplotlib figures.
@@ -37,6 +38,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 RUN_TIMEOUT_S = 150  # one notebook, Run All Cells to the last output
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 IMAGE_MIMES = ("image/png", "image/svg+xml", "image/jpeg")
 
 # Run All has ended: some cell ran ([n]), none is still queued ([*]), the kernel is idle. (After an
@@ -80,9 +82,10 @@ class Lab:
     def __init__(self, root: Path, home: Path):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         settings = home / "settings"
-        # No news or update checks (no network), every cell in the DOM (no windowing), and no autosave races.
+        # Every cell in the DOM (no windowing), and no autosave races. No news prompt nor update check: that comes
+        # from the lab's own settings, as a learner gets them (lab/jupyter_settings.py), not from here.
+        jupyter_settings.install(home / "lab-config")
         for name, value in {
-            "@jupyterlab/apputils-extension/notification": {"checkForUpdates": False, "fetchNews": "false"},
             "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
             "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
         }.items():
@@ -93,7 +96,8 @@ class Lab:
                f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
                f"--ServerApp.root_dir={root}", f"--LabApp.user_settings_dir={settings}",
                f"--LabApp.workspaces_dir={home / 'workspaces'}", "--LabApp.news_url=None"]
-        env = cpu_env(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        env = cpu_env(JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_CONFIG_PATH=str(home / "lab-config"),
+                      JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                       JUPYTER_DATA_DIR=str(home / "data"),
                       IPYTHONDIR=str(home / "ipython"), MPLBACKEND="module://matplotlib_inline.backend_inline")
         self.log = home / "jupyterlab.log"
@@ -275,4 +279,6 @@ def test_notebooks_run_in_jupyterlab_with_progress_bar_and_plot(lab_and_browser)
     for name in NOTEBOOKS:
         rendered |= _check_notebook(lab, page, name)
         lab.shutdown_kernels()  # the next notebook gets the CPUs
+    # The announcements plugin asks once the app is restored, long before a notebook has run to its end.
+    assert page.get_by_text(NEWS_PROMPT).count() == 0, "JupyterLab asked about Jupyter news: lab settings not applied"
     assert rendered >= {"widget", "image"}, f"{NOTEBOOKS} showed only {sorted(rendered)}: a tqdm bar and a plot expected"

@@ -1,4 +1,4 @@
-"""Figures for the notebooks: training curves, who-sees-which-molecule, speed-up.
+"""Figures for the notebooks: lengths, training curves, who-sees-which-molecule, speed-up.
 
 Each function returns a matplotlib Figure that is already closed in pyplot, so
 a notebook cell that ends with the call shows it exactly once (and a script can
@@ -25,6 +25,15 @@ def _new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     plt.close(fig)  # not shown again at the end of the cell; the returned Figure still displays
     return fig, list(axes[0])
+
+
+def length_histogram(lengths: Sequence[int]):
+    """How many tokens the molecules have: the long tail is why batches group similar lengths."""
+    fig, (ax,) = _new_figure(width=6.0, height=2.8)
+    ax.hist(lengths, bins=60)
+    ax.set(xlabel="tokens per molecule", ylabel="molecules", title="SMILES lengths in B3DB")
+    fig.tight_layout()
+    return fig
 
 
 # ----------------------------------------------------------------------------- training curves

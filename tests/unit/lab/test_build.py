@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -110,7 +111,7 @@ def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
     compile(exercise, "tiny.py", "exec")
 
     nb = nbformat.read(tiny_repo / "exercises" / "00_tiny.ipynb", as_version=4)
-    assert "generated from [notebooks/00_tiny.ipynb](../notebooks/00_tiny.ipynb)" in nb.cells[0].source
+    assert "[notebooks/00_tiny.ipynb](../notebooks/00_tiny.ipynb)" in nb.cells[0].source
     assert "do not edit" in nb.cells[0].source
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.outputs == [] and c.execution_count is None for c in code)
@@ -207,3 +208,15 @@ def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
     assert proc.stdout == "4\n"
     assert build.script_homes(build._read_sources()) == {"tiny": "notebooks/00_tiny.ipynb",
                                                          "lender": "notebooks/01_lender.ipynb"}
+
+
+@pytest.mark.parametrize("path", build.source_notebooks(), ids=lambda p: p.name)
+def test_each_exercise_notebook_opens_with_where_the_learner_is(path):
+    nb = nbformat.read(path, as_version=4)
+    lab = nb.metadata.get("lab", {})
+    assert lab.get("step") and lab.get("outcome"), f"{path.name}: set metadata lab.step and lab.outcome"
+    first = nbformat.read(build.EXERCISES / path.name, as_version=4).cells[0].source
+    stated = re.search(r"\*\*Time: about (\d+) minutes", nb.cells[0].source)
+    assert stated, f"{path.name}: the first cell states no '**Time: about N minutes.**'"
+    assert first.startswith(f"**Where you are:** {lab['step']}. **Time:** about {stated.group(1)} minutes. "
+                            f"**At the end you have:** {lab['outcome']}.")

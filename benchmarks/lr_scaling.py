@@ -15,7 +15,7 @@ spread over seeds: a difference smaller than the spread is noise). On a 2-core
 machine 4 ranks are oversubscribed: slower, but the result (the dev ROC AUC)
 does not depend on speed. At N = 2 the three rules
 give the same lr, so that run is made once. Writes ``lr_scaling.json`` and
-``lr_scaling.md`` to ``--results``; notebook 03 shows the table.
+``lr_scaling.md`` to ``--results``; notebook 04a draws them.
 
     python benchmarks/lr_scaling.py                       # 7 settings x 3 seeds, ~10 min on 2 idle cores
     python benchmarks/lr_scaling.py --limit 400 --epochs 2 --results /tmp/lr   # a quick smoke run

@@ -72,14 +72,13 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
 def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
     launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
-    # TODO: pick `backend` (cfg.backend if given, else NCCL when CUDA GPUs are visible, Gloo otherwise) and `device`
-    #       (this process's own GPU, picked by its rank on this node; else the CPU), and on a GPU make that device
-    #       the current one. Read: section 2 "Backends" above; torch.cuda.set_device in the torch docs.
+    # TODO: pick `backend` (cfg.backend, else the one for this machine) and `device`, this process's own, and
+    #       make that device the current one on a GPU. Read: section 2 above; torch.cuda.set_device in the docs.
     raise NotImplementedError("fill in the TODO above")
     distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
     store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
-    # TODO: join the process group: this backend, store=store, this process's rank in the whole job, the world
-    #       size, and timeout=cfg.timeout seconds. Read: torch.distributed.init_process_group in the torch docs.
+    # TODO: join this job's process group on `store`, giving up on a missing peer after cfg.timeout seconds.
+    #       Read: torch.distributed.init_process_group in the docs (with a store, what else it must be told).
     raise NotImplementedError("fill in the TODO above")
     env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
                   local_world_size=launch.local_world_size, device=device, backend=backend)
@@ -90,9 +89,7 @@ def main(argv: list[str] | None = None) -> dict | None:
             check_all_reduce(env)
             return train(cfg, env)
     finally:
-        # TODO: leave the process group here, so that it happens even after an error.
-        #       Read: torch.distributed.destroy_process_group in the torch docs.
-        raise NotImplementedError("fill in the TODO above")
+        dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":

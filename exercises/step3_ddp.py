@@ -1,4 +1,5 @@
 # Generated from notebooks/03_ddp.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/01_process_group.ipynb)
 # Edit the cells tagged script:step3_ddp, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 3: DistributedDataParallel keeps the replicas in step; rank 0 evaluates.
@@ -6,11 +7,9 @@
 DDP averages the gradients of all ranks during backward(), so every replica
 takes the same optimizer step and the weights stay identical (the spread
 printed each epoch is 0). Rank 0 alone evaluates, through the unwrapped
-module, and writes every file, a snapshot after each epoch included: when a
-rank dies, torchrun restarts the group and training resumes from it.
+module, and writes the files. Step 4 adds snapshots, to survive a killed rank.
 
     torchrun --nproc_per_node=2 solutions/step3_ddp.py
-    torchrun --nproc_per_node=2 --max-restarts=1 solutions/step3_ddp.py   # survives a killed rank
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from workshop_lib import checkpoint, distributed
+from workshop_lib import distributed
 from workshop_lib.cli import run_cli
 from workshop_lib.config import TrainConfig, build_parser, parse_config
 from workshop_lib.data import check_shardable, load_splits, make_eval_loader, make_loader
@@ -32,6 +31,16 @@ from workshop_lib.distributed import DistEnv
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
+
+
+def check_all_reduce(env: DistEnv) -> None:
+    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
+    value = torch.tensor([env.rank + 1.0], device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    expected = env.world_size * (env.world_size + 1) / 2
+    assert value.item() == expected, f"all_reduce gave {value.item()}, expected {expected}"
+    if env.is_main:
+        print(f"all_reduce: sum of (rank + 1) over {env.world_size} ranks = {value.item():g} (expected {expected:g})")
 
 
 def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
@@ -57,9 +66,9 @@ def wrap(model: torch.nn.Module, env: DistEnv) -> DDP:
 
 def mean_over_ranks(value: float, env: DistEnv) -> float:
     """The mean of every rank's ``value``, returned on every rank."""
-    # TODO: return the mean over all ranks of `value` (every rank calls this with its own number).
-    #       Read: section 3 of notebook 01; torch.distributed.all_reduce and ReduceOp in the torch docs.
-    raise NotImplementedError("fill in the TODO above")
+    total = torch.tensor([value], dtype=torch.float64, device=env.device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.item() / env.world_size
 
 
 def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
@@ -67,7 +76,6 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
                          cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
     check_shardable(len(splits.train), env.world_size)
-    latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))  # None: no snapshot, start afresh
     report = Reporter(cfg, "step3_ddp", env.device, env)
 
     sampler = make_sampler(splits.train, cfg, env)
@@ -82,9 +90,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
 
     best = BestModel()
-    start = checkpoint.restore(latest, env, raw_model, optimizer, best, report)  # 0, or the epoch after the snapshot
-    for epoch in range(start, cfg.epochs):
-        checkpoint.seed_epoch(cfg.seed, epoch, env.rank)  # the same dropout masks, restarted or not
+    for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         bar = report.progress(epoch, len(train_loader))
         stats = train_epoch(model, train_loader, optimizer, env.device, bar)
@@ -93,15 +99,13 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
         # TODO: on global rank 0 only, score the plain model inside the wrapper on the dev split, keep it if it
         #       is the best so far, and report the epoch (step 2's three lines, changed). Read: section 3 above.
         raise NotImplementedError("fill in the TODO above")
-        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # every rank; rank 0 writes the file
 
-    spread = replica_spread(model, env)  # again: a resumed run may have had no epoch left
     heldout_auc = None
     if env.is_main:
         best.restore(raw_model)
         heldout_auc = evaluate(raw_model, make_eval_loader(splits.heldout), env.device)
-    # TODO: save the best weights with torch.save to cfg.out / "model.pt": one file for the whole job, holding the
-    #       plain model's state_dict (its keys as in step 0). Read: "Saving from rank 0" in section 3 above.
+    # TODO: save the best weights to cfg.out / "model.pt": one file for the whole job, holding the plain model's
+    #       state_dict (its keys as in step 0). Read: the saving cells of section 3 above.
     raise NotImplementedError("fill in the TODO above")
     return report.finish(best, heldout_auc, replica_spread=spread) if env.is_main else None
 
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     hangwatch.install(store)  # a collective that waits too long names the rank it waits for (workshop_lib.debug)
     try:
         with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
+            check_all_reduce(env)
             return train(cfg, env)
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error

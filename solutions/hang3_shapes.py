@@ -2,7 +2,9 @@
 # Edit the cells tagged script:hang3_shapes, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 solutions/hangN_....py --limit 447 --epochs 1 --batch-size 32
+    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 8
+
+(exercises/ holds the broken versions, solutions/ the fixed ones.)
 """
 
 from datetime import timedelta
@@ -28,6 +30,27 @@ def replica_spread(model: torch.nn.Module, world_size: int) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
+    splits = load_splits(cfg.data, limit=cfg.limit)
+    sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
+    loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
+    model = DDP(build_model(cfg, len(splits.tokenizer)).to(device))
+    optimizer = build_optimizer(cfg, model)
+    for epoch in range(cfg.epochs):
+        loader.batch_sampler.set_epoch(epoch)
+        stats = train_epoch(model, loader, optimizer, device)
+        spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
+        loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss
+        dist.all_reduce(loss)  # summed over the ranks
+        if rank == 0:
+            dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)
+            print(f"epoch {epoch + 1}: {stats.steps} steps, loss {loss.item() / world_size:.4f}, "
+                  f"dev ROC AUC {dev_auc:.4f}, replica spread {spread:g}")
+    spread = replica_spread(model, world_size)
+    if rank == 0:
+        print(f"done: {stats.steps} steps per rank, replica spread {spread:g}")
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(build_parser("a hang-lab script of notebooks/05_when_it_hangs.ipynb"), argv)
     launch = distributed.read_launch_env()
@@ -35,35 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout))
-    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting 4 s (of 8): who is missing, where
+    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting this long: who is missing, where
     try:
         train(cfg, launch.rank, launch.world_size, device)
     finally:
         dist.destroy_process_group()
-
-
-def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
-    torch.manual_seed(cfg.seed)
-    splits = load_splits(cfg.data, limit=cfg.limit)
-    sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
-    loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-    model = build_model(cfg, len(splits.tokenizer)).to(device)
-    device_ids = [device.index] if device.type == "cuda" else None
-    model = DDP(model, device_ids=device_ids)
-    optimizer = build_optimizer(cfg, model)
-    for epoch in range(cfg.epochs):
-        loader.batch_sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        stats = train_epoch(model, loader, optimizer, device)
-        spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
-        loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss
-        dist.all_reduce(loss)  # summed over the ranks
-        if rank == 0:
-            dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)
-            print(f"epoch {epoch + 1}/{cfg.epochs}  {stats.steps} steps  train loss {loss.item() / world_size:.4f}  "
-                  f"dev ROC AUC {dev_auc:.4f}  replica_spread {spread:g}", flush=True)
-    spread = replica_spread(model, world_size)
-    if rank == 0:
-        print(f"done: {stats.steps} steps per rank, replica_spread {spread:g}", flush=True)
 
 
 if __name__ == "__main__":

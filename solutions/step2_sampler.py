@@ -1,4 +1,5 @@
 # Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/01_process_group.ipynb)
 # Edit the cells tagged script:step2_sampler, then rebuild.
 """Step 2: DistributedSampler gives every rank its own shard of the data.
 
@@ -27,6 +28,16 @@ from workshop_lib.distributed import DistEnv
 from workshop_lib.model import count_parameters
 from workshop_lib.report import Reporter
 from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
+
+
+def check_all_reduce(env: DistEnv) -> None:
+    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
+    value = torch.tensor([env.rank + 1.0], device=env.device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    expected = env.world_size * (env.world_size + 1) / 2
+    assert value.item() == expected, f"all_reduce gave {value.item()}, expected {expected}"
+    if env.is_main:
+        print(f"all_reduce: sum of (rank + 1) over {env.world_size} ranks = {value.item():g} (expected {expected:g})")
 
 
 def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
@@ -93,6 +104,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     hangwatch.install(store)  # a collective that waits too long names the rank it waits for (workshop_lib.debug)
     try:
         with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
+            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
+            check_all_reduce(env)
             return train(cfg, env)
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error

@@ -27,6 +27,7 @@ from tests.conftest import REPO, SOLUTIONS, cpu_env
 from workshop_lib.debug.stacks import pyspy_exe
 
 STEP3 = SOLUTIONS / "step3_ddp.py"
+STEP4 = SOLUTIONS / "step4_snapshots.py"  # step 3 with snapshots: the script that survives restarts
 # Small and quick, but several optimizer steps per epoch so a kill can land inside one.
 RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-progress", "--no-tensorboard"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -147,11 +148,11 @@ def same_results(a: dict, b: dict) -> None:
 
 
 @functools.cache
-def reference_metrics() -> dict:
-    """metrics.json of an uninterrupted 2-process run of RUN (computed once per session)."""
+def reference_metrics(script: Path = STEP4) -> dict:
+    """metrics.json of an uninterrupted 2-process run of ``script`` with RUN (computed once per session)."""
     out = Path(tempfile.mkdtemp(prefix="reference-"))
     try:
-        run = torchrun([STEP3, *RUN, "--out", out])
+        run = torchrun([script, *RUN, "--out", out])
         try:
             rc = run.wait(timeout=150)
         finally:

@@ -158,7 +158,8 @@ def rendezvous_store(launch: LaunchEnv, timeout: float = 120.0) -> dist.Store:
     try:
         tcp = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
                             is_master=launch.rank == 0 and not launch.agent_store,
-                            timeout=timedelta(seconds=timeout), wait_for_workers=False)
+                            timeout=timedelta(seconds=timeout), wait_for_workers=False,
+                            multi_tenant=True)  # a plain init_process_group(backend) on rank 0 shares its server
     except (RuntimeError, dist.DistStoreError) as err:
         raise _join_error(err, launch, timeout) from None
     return dist.PrefixStore(f"workshop/restart{launch.restart_count}", tcp)

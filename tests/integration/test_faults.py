@@ -12,7 +12,18 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_python, run_torchrun
-from tests.reliability import RUN, STEP3, children, environ_of, reference_metrics, same_results, still_alive, stop, torchrun
+from tests.reliability import (
+    RUN,
+    STEP3,
+    STEP4,
+    children,
+    environ_of,
+    reference_metrics,
+    same_results,
+    still_alive,
+    stop,
+    torchrun,
+)
 from workshop_lib import distributed
 from workshop_lib.config import build_parser, parse_config
 from workshop_lib.data import check_shardable
@@ -27,8 +38,8 @@ def _workers(run) -> dict[str, int]:
 @pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_sigkill_in_epoch_2_restarts_and_matches_an_uninterrupted_run(tmp_path):
-    """torchrun --max-restarts=1 restarts the group; it resumes from the last snapshot, losing nothing."""
-    run = torchrun(["--max-restarts=1", STEP3, *RUN, "--out", tmp_path])
+    """torchrun --max-restarts=1 restarts the group; step 4 resumes from the last snapshot, losing nothing."""
+    run = torchrun(["--max-restarts=1", STEP4, *RUN, "--out", tmp_path])
     try:
         # Rank 0 writes epoch 1's snapshot and goes straight on to epoch 2: that file is the signal.
         assert run.wait_for(lambda: (tmp_path / "snapshot.pt").exists(), 120), run.output[-3000:]
@@ -48,8 +59,8 @@ def test_sigkill_in_epoch_2_restarts_and_matches_an_uninterrupted_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(280)
 def test_ctrl_c_stops_every_rank_keeps_the_snapshot_and_the_same_command_resumes(tmp_path):
-    """A terminal's Ctrl-C (SIGINT to torchrun's process group) in epoch 2; then the same command again."""
-    run = torchrun([STEP3, *RUN, "--out", tmp_path])
+    """A terminal's Ctrl-C (SIGINT to torchrun's process group) in epoch 2 of step 4; then the same command again."""
+    run = torchrun([STEP4, *RUN, "--out", tmp_path])
     try:
         assert run.wait_for(lambda: (tmp_path / "snapshot.pt").exists(), 120), run.output[-3000:]
         workers = _workers(run)
@@ -63,7 +74,7 @@ def test_ctrl_c_stops_every_rank_keeps_the_snapshot_and_the_same_command_resumes
     snap = torch.load(tmp_path / "snapshot.pt", weights_only=True)  # whole, and loads
     assert (f"interrupted: {tmp_path / 'snapshot.pt'} holds epoch {snap['epoch'] + 1}/4; run the same command "
             "again to resume") in run.output, run.output[-3000:]  # rank 0, the one that wrote it, says how to go on
-    again = torchrun([STEP3, *RUN, "--out", tmp_path])
+    again = torchrun([STEP4, *RUN, "--out", tmp_path])
     try:
         assert again.wait(timeout=150) == 0, again.output[-3000:]
     finally:

@@ -1,53 +1,125 @@
-"""The hang lab of notebook 05: each broken script ends in time, its diagnosis names the guilty rank and where each
-rank was, and its fix runs."""
+"""The hang lab of notebook 05, run for real: each broken lab stops where the watch's record says, a reading of
+that record is checked, a learner's wrong fix is named in one line, and the terminal version hangs as documented."""
 
 from __future__ import annotations
 
+import difflib
 import re
 
 import pytest
 
 from workshop_lib.checks import hang_labs
-from workshop_lib.checks.hang_labs import LABS
+from workshop_lib.checks.common import CheckFailed
 from workshop_lib.debug import hangreport
-from workshop_lib.lab.build import EXERCISES, SOLUTIONS
+from workshop_lib.lab import build, sequences
+from workshop_lib.lab.launch import LaunchError, torchrun
 
-HANGS = ["hang1_rank0_only", "hang2_uneven", "hang3_shapes", "hang4_batchnorm_eval"]
-
-
-@pytest.mark.parametrize("name", list(LABS))
-def test_the_broken_version_is_the_solution_with_one_line_changed(name):
-    lab = LABS[name]
-    solution = (SOLUTIONS / f"{name}.py").read_text().splitlines()
-    broken = hang_labs.write_broken(name).read_text().splitlines()
-    changed = [(a.strip(), b.strip()) for a, b in zip(solution[2:], broken[2:], strict=True) if a != b]
-    assert changed == [(lab.fixed, lab.broken)]
-    exercise = (EXERCISES / f"{name}.py").read_text()
-    assert lab.fixed not in exercise and 'raise NotImplementedError("fill in the TODO above")' in exercise
+# Where each rank of each broken lab waits (a piece of its line's code) and why: what a learner reads.
+HANGS = {
+    "hang1_rank0_only": ({0: "if rank == 0 else None", 1: "dist.all_reduce(loss)"}, "skipped"),
+    "hang2_uneven": ({0: "stats = train_epoch(", 1: "spread = replica_spread("}, "batches"),
+    "hang3_shapes": ({0: "dist.all_reduce(loss)", 1: "dist.all_reduce(loss)"}, "shapes"),
+    "hang4_batchnorm_eval": ({0: "dev_auc = evaluate(model,", 1: "spread = replica_spread("}, "skipped"),
+}
 
 
-def rank_line(said: list[str], rank: int) -> str:
-    return next(line for line in said if line.strip().startswith(f"rank {rank}: "))
+@pytest.mark.parametrize("name", list(hang_labs.BATCH))
+def test_each_labs_exercise_script_is_its_solution_with_the_bug_put_back(name):
+    """The learner gets the broken code and no hint; the solution has the fix in its place."""
+    solution = (build.SOLUTIONS / f"{name}.py").read_text().splitlines()[2:]
+    exercise = (build.EXERCISES / f"{name}.py").read_text().splitlines()[3:]  # its header has one line more
+    changed = [line for line in difflib.ndiff(solution, exercise) if line[:2] in ("- ", "+ ")]
+    assert [line[:2] for line in changed] == ["- ", "+ "], changed  # one line out, one line in
+    assert not re.search(r"TODO|NotImplementedError|BROKEN", "\n".join(exercise))
+    compile("\n".join(exercise), f"exercises/{name}.py", "exec")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(HANGS))
+def test_each_broken_lab_stops_where_its_record_says(name, capsys):
+    run = hang_labs.run_broken(name)
+    out = capsys.readouterr().out
+    assert run.record and hang_labs.deadlocked(run.record), out
+    assert "never arrived: rank" in out and "where each rank is" in out, out
+    hang_labs.check_reading(run, *HANGS[name])  # raises CheckFailed, naming the line, if the record says otherwise
+    assert sequences.describe(run.record).startswith("the ranks' calls first differ at call ")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_unused_parameter_lab_fails_with_ddps_error(capsys):
+    run = hang_labs.run_broken("hang5_unused")
+    assert not run.record and run.errors, capsys.readouterr().out
+    assert all("Expected to have finished reduction in the prior iteration" in e for e in run.errors.values())
+
+
+def swap(*pairs: tuple[str, str]):
+    """An edit of the train() cell: each (old, new) replaced once (the old text must be there)."""
+    def edit(text: str) -> str:
+        for old, new in pairs:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        return text
+    return edit
+
+
+TRAIN_EPOCH = "        stats = train_epoch(model, loader, optimizer, device)"
+WRONG_FIXES = {
+    # the error is gone, and so is the averaging: no_sync() skips the reduction that the unused head stalled
+    "replicas differ": ("hang5_unused", swap(
+        ("model = DDP(model.to(device), find_unused_parameters=True)", "model = DDP(model.to(device))"),
+        (TRAIN_EPOCH, "        with model.no_sync():\n    " + TRAIN_EPOCH))),
+    # uneven shards kept, and join() lets the rank that runs out shadow the other's all-reduces: it ends
+    "steps differ": ("hang2_uneven", swap(
+        ("sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)",
+         "sampler = range(rank, len(splits.train), world_size)"),
+        (TRAIN_EPOCH, "        with model.join():\n    " + TRAIN_EPOCH))),
+    # no more hang (no buffer broadcast), but rank 0 still evaluates through the wrapper
+    "through the wrapper": ("hang4_batchnorm_eval", swap(
+        ("model = DDP(model.to(device))", "model = DDP(model.to(device), broadcast_buffers=False)"),
+        ("evaluate(model.module,", "evaluate(model,"))),
+    # the bug left in place: the check's run is stopped by the watch, like the broken one
+    "still hangs": ("hang1_rank0_only", swap(
+        ("spread = replica_spread(model, world_size)  # an all_gather: every rank takes part",
+         "spread = replica_spread(model, world_size) if rank == 0 else None"))),
+}
+SAID = {
+    "replicas differ": r"it ends, but the replicas differ by [\d.e-]+ after training: the ranks' gradients were not "
+                       r"averaged in every step",
+    "steps differ": r"it ends, but the ranks ran different numbers of optimizer steps \(rank 0: 6, rank 1: 5\)",
+    "through the wrapper": r"it trains, but evaluate\(\) still gets the DDP wrapper",
+    "still hangs": r"it still hangs: rank \d waits in (all_gather|all_reduce) #2 \(called at .*train-cell:\d+",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mistake", list(WRONG_FIXES))
+def test_a_wrong_fix_is_named_in_one_line(mistake):
+    name, edit = WRONG_FIXES[mistake]
+    with pytest.raises(CheckFailed) as err:
+        hang_labs.check_fix(name, edit=edit)
+    said = str(err.value)
+    assert "\n" not in said and re.match(SAID[mistake], said), said
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_a_broken_lab_stops_and_its_watch_names_who_never_arrived_and_where_each_rank_is(monkeypatch, tmp_path):
-    """One real broken run (lab 1). Notebook 05's replay runs every lab, broken and fixed, and asserts each one's clue."""
+def test_the_terminal_version_of_a_broken_lab_hangs_and_its_watch_explains(monkeypatch, tmp_path):
+    """exercises/hang1_rank0_only.py under torchrun, as the notebook tells a learner to try it in a terminal."""
     record = tmp_path / "hang.json"
     monkeypatch.setenv(hangreport.RECORD_VARIABLE, str(record))  # the ranks' watch saves its block there too
-    finished, output = hang_labs._launch(hang_labs.write_broken("hang1_rank0_only"), LABS["hang1_rank0_only"],
-                                         hang_labs.JOB_TIMEOUT)
-    assert not finished  # the group's 8 s timeout ended it, well before the job's own limit
-    said = hang_labs.diagnosis(output)
+    with pytest.raises(LaunchError) as err:  # the group's 8 s timeout ends it, well before the launch's limit
+        torchrun(build.EXERCISES / "hang1_rank0_only.py", 2, ["--limit", "447", "--epochs", "1", "--batch-size", "32",
+                                                              "--timeout", "8", "--no-tensorboard"],
+                 out=False, timeout=150, progress=False, show=None)
+    said = hangreport.block(err.value.output)
     text = "\n".join(said)
     saved = hangreport.load(record)
     assert saved and saved[0]["block"] == said[:len(saved[0]["block"])], (saved, text)
-    guilty = re.search(r"^never arrived: rank (\d)$", text, re.M)
-    stuck = re.match(r"rank (\d) has waited \d+ s in ", said[0])
-    assert guilty and stuck and stuck.group(1) != guilty.group(1), text  # the rank that waits names the other one
-    assert saved[0]["waiting_for"] == [int(guilty.group(1))]
-    for rank in (0, 1):  # each rank's stack, down to a file:line of the lab script
-        assert re.search(r"hang1_rank0_only\.py:\d+ \w+\(\)", rank_line(said, rank)), text
-    assert "the ranks' collectives first differ" in text, text
+    assert saved[0]["waiting_for"] and "the ranks' collectives first differ" in text, text
+    for rank in (0, 1):  # each rank's stack, down to a line of the lab script
+        line = next(x for x in said if x.strip().startswith(f"rank {rank}: "))
+        assert re.search(r"exercises/hang1_rank0_only\.py:\d+ train\(\)", line), text
     assert not re.search(r"workshop_lib/(debug|lab|checks|scaling)/", text), text  # the tools' frames are not shown

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import REPO
-from tests.reliability import RUN, STEP3, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
+from tests.reliability import RUN, STEP4, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
 from workshop_lib.distributed import read_launch_env
 
 
@@ -28,7 +28,8 @@ def nodes(args: list, run_id: str, head_args: tuple = (), other_args: tuple = ()
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_nodes_train_like_one_node_with_two_processes(tmp_path):
-    launches = nodes([STEP3, *RUN, "--out", tmp_path], "workshop-multinode")
+    """Step 4, the script notebook 04a runs on two nodes: its snapshot lines work across nodes too."""
+    launches = nodes([STEP4, *RUN, "--out", tmp_path], "workshop-multinode")
     try:
         codes = [launch.wait(timeout=180) for launch in launches]
     finally:

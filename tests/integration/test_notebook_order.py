@@ -21,7 +21,7 @@ from workshop_lib.errors import WorkshopError
 from workshop_lib.lab import forklaunch
 from workshop_lib.paths import REPO_ROOT
 
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 SAFE_CUDA = {"is_available", "device_count", "is_initialized"}  # these do not initialise CUDA
 

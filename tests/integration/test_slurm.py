@@ -173,15 +173,16 @@ def test_srun_works(cluster):
 @needs_slurm[1]
 @needs_slurm[2]
 @pytest.mark.timeout(300)
-def test_sbatch_trains_step3_like_torchrun(cluster, tmp_path):
-    """One node x 2 processes through sbatch -> srun -> torchrun: the same numbers as torchrun alone.
+def test_sbatch_trains_step4_like_torchrun(cluster, tmp_path):
+    """One node x 2 processes of step 4 (the sbatch script restarts) through sbatch -> srun -> torchrun: the same
+    numbers as torchrun alone.
 
     The --out path holds a space, a ';' and a '$(...)': it must arrive as one argument, never run.
     """
     out = tmp_path / "out dir;$(touch pwned)"
     log = tmp_path / "job.out"
     job = subprocess.run([_which("sbatch"), "--parsable", "--nodes=1", f"--cpus-per-task={os.cpu_count()}",
-                          f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step3_ddp.py", *RUN,
+                          f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step4_snapshots.py", *RUN,
                           "--out", str(out)],
                          env={**cluster, "NPROC_PER_NODE": "2"}, capture_output=True, text=True, timeout=30)
     assert job.returncode == 0, job.stderr
@@ -198,4 +199,4 @@ def test_sbatch_script_without_a_training_script_says_so():
     p = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, timeout=10, env=cpu_env())
     assert p.returncode == 2
     assert p.stderr == ("error: no training script given; use: sbatch slurm/ddp.sbatch "
-                        "solutions/step3_ddp.py [flags]\n")
+                        "solutions/step4_snapshots.py [flags]\n")

@@ -32,6 +32,11 @@ def _passed(message: str) -> None:
     print(f"\N{CHECK MARK} {message}")
 
 
+def _missed(message: str) -> None:
+    """A prediction that was off: said with a cross, not raised (a guess is not a bug, and Run All goes on)."""
+    print(f"\N{BALLOT X} {message}")
+
+
 def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEnv:
     """Who a rank would be (``per_node`` processes a node), for functions that only read the DistEnv."""
     per_node = per_node or world_size

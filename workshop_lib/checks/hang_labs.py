@@ -1,173 +1,293 @@
-"""The hang lab of notebooks/05_when_it_hangs.ipynb: broken runs, and the checks of the learner's fixes.
+"""The hang lab of notebooks/05_when_it_hangs.ipynb: the broken runs, the learner's reading of them, the fixes.
 
-Each lab script (cells tagged ``script:hangN_...`` in notebook 05) is a small
-step 3 whose ``train()`` holds one classic bug. Its solution (solutions/) is the
-fixed version; :func:`write_broken` puts the bug back, from :data:`LABS`, into
-runs/hangs/. :func:`run_broken` launches that under torchrun with a short
-timeout and prints what a learner reads: the watch's diagnosis and each rank's
-error. :func:`check_fix` launches the learner's own version and says whether
-the fix holds.
+Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train()`` cell holds one classic
+bug: as it is in the exercise notebook, in a BROKEN block above the fix in the solution notebook
+(:mod:`workshop_lib.lab.build`). The lab's cells, as the learner last ran them, run in a fresh namespace
+(under the names ``shared-cell`` and ``train-cell``, so that line numbers are the cells' own) and
+``train()`` runs on two forked ranks with the hang watch installed:
+
+* :func:`run_broken` runs the cells' exercise form and prints what the watch says (or each rank's error);
+* :func:`check_prediction` and :func:`check_reading` compare the learner's answer (the line of ``train()``
+  where each rank waits, and why) with the watch's saved record of that run;
+* :func:`check_fix` runs the learner's fix and passes when it trains correctly: every rank ran the same
+  number of optimizer steps, and the replicas' weights are equal at the end (measured here, not by the lab).
 """
 
 from __future__ import annotations
 
-import contextlib
-import re
-import sys
-import tempfile
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+import linecache
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from workshop_lib.checks.common import CheckFailed, _missed, _passed
+from workshop_lib.config import TrainConfig
 from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError, first_sentence
-from workshop_lib.lab.build import MINE, SOLUTIONS, write_script
-from workshop_lib.lab.launch import LaunchError, start_job, torchrun
-from workshop_lib.lab.processes import kill_tree
-from workshop_lib.paths import REPO_ROOT, write_atomic
+from workshop_lib.lab import build, sequences
+from workshop_lib.paths import REPO_ROOT
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
-BROKEN = REPO_ROOT / "runs" / "hangs"
-ARGS = ("--limit", "447", "--epochs", "1", "--timeout", "8", "--no-tensorboard")  # 321 molecules to train on
-JOB_TIMEOUT = 120.0  # seconds before launch.torchrun stops a lab job (start-up on a busy laptop included)
+# Seconds a collective may wait before the watch explains it: a broken run's steps take milliseconds, and a wait
+# that turns out not to be a deadlock is run again with a longer threshold; a fix's run must not be cut short.
+HANG_AFTER, FIX_HANG_AFTER = 1.5, 8.0
+TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
+# Each lab's batch size: 32 makes 6 and 5 batches of uneven shards (lab 2); BatchNorm needs no batch of 1 (lab 4).
+BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 32, "hang3_shapes": 32, "hang4_batchnorm_eval": 48,
+         "hang5_unused": 32}
+TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
+WHY = {
+    "skipped": "one rank calls a collective that the other rank skips",
+    "batches": "one rank has a batch more: its backward() all-reduces gradients that the other rank never sends",
+    "shapes": "the ranks call the same collective with tensors of different shapes",
+}
 
 
-@dataclass(frozen=True)
-class Lab:
-    name: str  # the script: solutions/NAME.py, exercises/NAME.py
-    fixed: str  # the line of the solution that the bug replaces (stripped)
-    broken: str  # the line that replaces it in the broken version
-    batch_size: int  # 32: 161 and 160 molecules make 6 and 5 batches when the shards are uneven
+@dataclass
+class Run:
+    """How one lab run ended: finished (each rank's measures), hung (the watch's record), or failed (errors)."""
+
+    name: str
+    results: list[dict] | None = None  # per rank: {"steps", "spread", "wrapper"} when every rank finished
+    record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
+    errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it
+    timed_out: bool = False
 
 
-LABS = {lab.name: lab for lab in (
-    Lab("hang1_rank0_only", "spread = replica_spread(model, world_size)  # an all_gather: every rank takes part",
-        "spread = replica_spread(model, world_size) if rank == 0 else None  # only rank 0 prints it", 32),
-    Lab("hang2_uneven", "sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)",
-        "sampler = range(rank, len(splits.train), world_size)  # every world_size-th molecule", 32),
-    Lab("hang3_shapes", "loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss",
-        "loss = torch.tensor([stats.loss, stats.samples] if rank == 0 else [stats.loss], device=device)", 32),
-    Lab("hang4_batchnorm_eval", "dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)",
-        "dev_auc = evaluate(model, make_eval_loader(splits.dev), device)", 48),
-    Lab("hang5_unused", "model = DDP(model, device_ids=device_ids, find_unused_parameters=True)",
-        "model = DDP(model, device_ids=device_ids)", 32),
-)}
+def _lab(name: str) -> str:
+    if name not in BATCH:
+        raise WorkshopError(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
+    return name
 
 
-def _lab(name: str) -> Lab:
-    if name not in LABS:
-        raise WorkshopError(f"no hang lab named {name!r}; pick one of {', '.join(LABS)}")
-    return LABS[name]
+def _cells(name: str, notebook: str | Path) -> list[tuple[str, str]]:
+    """(name to run it under, source as last run, else as saved) of each code cell of lab ``name``."""
+    import nbformat
+
+    path = Path(notebook) if Path(notebook).is_file() else build.NOTEBOOKS / NOTEBOOK
+    cells = [c for c in nbformat.read(path, as_version=4).cells
+             if c.cell_type == "code" and name in build.script_names(c)]
+    if not cells:
+        raise WorkshopError(f"{path.name} has no code cell tagged {build.SCRIPT_TAG}{name}")
+    return [(TRAIN_CELL if "def train(" in c.source else SHARED_CELL, build._ran.get(c.get("id"), c.source))
+            for c in cells]
 
 
-def write_broken(name: str, source: Path | None = None) -> Path:
-    """The lab's solution with its bug put back, as runs/hangs/NAME.py (``source``: another fixed version)."""
-    lab = _lab(name)
-    text = Path(source or SOLUTIONS / f"{name}.py").read_text()
-    lines = text.splitlines(keepends=True)
-    hits = [i for i, line in enumerate(lines) if line.strip() == lab.fixed]
-    assert len(hits) == 1, f"{name}: expected the line {lab.fixed!r} once in the solution, found it {len(hits)} times"
-    indent = lines[hits[0]][: len(lines[hits[0]]) - len(lines[hits[0]].lstrip())]
-    lines[hits[0]] = f"{indent}{lab.broken}\n"
-    BROKEN.mkdir(parents=True, exist_ok=True)
-    out = BROKEN / f"{name}.py"
-    text = "".join(lines).replace("# Generated from", "# The broken version of the lab, generated from", 1)
-    write_atomic(out, text.encode())  # a job of the same lab may be starting from it: never half written
-    return out
+def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> dict:
+    """Lab ``name``'s cells run into a fresh namespace: their exercise form (``broken``, the bug) or solution form.
+
+    ``edit`` changes the train() cell's text first (tests use it to try a learner's fix).
+    """
+    namespace: dict = {"__name__": f"lab_{name}"}
+    for label, source in _cells(_lab(name), notebook):
+        text = build.exercise_source(source, label) if broken else build.solution_source(source, label)
+        text = edit(text) if edit and label == TRAIN_CELL else text
+        linecache.cache[label] = (len(text), None, text.splitlines(keepends=True), label)  # the watch shows lines
+        exec(compile(text, label, "exec"), namespace)
+    if not callable(namespace.get("train")):
+        raise WorkshopError(f"lab {name}'s cells define no train(); run its cell as it was given")
+    return namespace
 
 
-def _launch(script: Path, lab: Lab, timeout: float) -> tuple[bool, list[str]]:
-    """(finished, every rank's lines) of one lab job; the command is printed, nothing else."""
+def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
+    """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps, params, wrapper = 0, [], []
+
+    def count(optimizer, args, kwargs):
+        nonlocal steps
+        steps += 1
+        params[:] = [p for group in optimizer.param_groups for p in group["params"]]
+
+    os.chdir(REPO_ROOT)  # file names in the watch's report relative to the repository, as in a terminal
+    evaluate = train.__globals__.get("evaluate")
+    if callable(evaluate):  # this rank's copy of the lab's namespace: which model does evaluate() get?
+        def spy(model, *args, **kwargs):
+            wrapper.append(isinstance(model, DistributedDataParallel))
+            return evaluate(model, *args, **kwargs)
+        train.__globals__["evaluate"] = spy
+    hook = register_optimizer_step_post_hook(count)
     try:
-        result = torchrun(script, nproc=2, args=[*ARGS, "--batch-size", lab.batch_size], out=False,
-                          timeout=timeout, progress=False, show=None)
-        return True, result.output
-    except LaunchError as err:
-        return False, err.output
+        train(cfg, env.rank, env.world_size, env.device)
+    finally:
+        hook.remove()
+    mine = torch.nn.utils.parameters_to_vector(params).detach() if params else torch.zeros(0)  # (P,)
+    sizes: list = [None] * env.world_size
+    dist.all_gather_object(sizes, mine.numel())
+    spread = None
+    if len(set(sizes)) == 1 and sizes[0]:
+        everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
+        dist.all_gather(everyone, mine)
+        spread = max((w - everyone[0]).abs().max().item() for w in everyone)
+    return {"steps": steps, "spread": spread, "wrapper": any(wrapper)}
 
 
-_ERROR = re.compile(r"^\[rank (\d)\] \[rank\d\]: (\w+(?:Error|Exception)): (.*)$")
+def deadlocked(record: list[dict]) -> bool:
+    """Does the watch's record show a deadlock: every rank in a call, and not all in the same one?
+
+    Otherwise a rank was only slow to come (a busy machine): the wait would have ended.
+    """
+    now = [a.get("current") for a in sequences.answers(record).values()]
+    calls = {(c["op"], c["seq"], c["tensors"]) for c in now if c}
+    return all(now) and len(calls) > 1
 
 
-def errors(output: Sequence[str]) -> dict[int, str]:
-    """{rank: the first line of the exception that ended it} (C++ source locations cut)."""
-    found: dict[int, str] = {}
-    for line in output:
-        m = _ERROR.match(line)
-        if m and int(m.group(1)) not in found:
-            found[int(m.group(1))] = f"{m.group(2)}: {first_sentence(m.group(3), 150)}"
+def _launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
+    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
+
+    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
+    from workshop_lib.lab.launch import LaunchError
+
+    train = load(name, broken, notebook, edit)["train"]
+    cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, progress=False, tensorboard=False)
+    for hang_after in (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,):
+        try:
+            return Run(name, results=notebook_launch(_rank, 2, train, cfg, timeout=TIMEOUT, hang_after=hang_after))
+        except HangError as err:
+            run = Run(name, record=hangreport.load(err.record))
+            if not broken or deadlocked(run.record):
+                return run
+        except LaunchTimeout:
+            return Run(name, timed_out=True)
+        except LaunchError as err:
+            return Run(name, errors=_errors(str(err)))
+    return run
+
+
+def _errors(message: str) -> dict[int, str]:
+    """{rank: its error, first sentence} from notebook_launch's failure lines ('rank 0 raised X: ... (File ...)')."""
+    found = {}
+    for line in message.splitlines():
+        if line.startswith("rank ") and " raised " in line:
+            rank, error = line[5:].split(" raised ", 1)
+            found[int(rank)] = first_sentence(error.split(" (File ")[0], 200)
+        elif line.startswith("rank ") and " failed with " in line:
+            found[int(line.split()[1])] = line.split(" failed with ", 1)[1]
     return found
 
 
-def diagnosis(output: Sequence[str]) -> list[str]:
-    """The watch's block, without the rank labels."""
-    return hangreport.block(output)
+def run_broken(name: str, notebook: str | Path = NOTEBOOK) -> Run:
+    """Run lab ``name``'s train() as its cell gives it on 2 forked ranks; print what the watch (or each error) says."""
+    run = _launch(_lab(name), broken=True, notebook=notebook)
+    if run.record:
+        print("the job hangs; the ranks were stopped once the hang watch had printed:")
+        print("\n".join(f"  {line}" for line in run.record[0]["block"]))
+    elif run.errors:
+        by_error = {e: [r for r, x in sorted(run.errors.items()) if x == e] for e in run.errors.values()}
+        print("the job failed:\n" + "\n".join(f"  {e} (rank {', '.join(map(str, rs))})" for e, rs in by_error.items()))
+    elif run.timed_out:
+        print(f"the job did not end within {TIMEOUT:g} s, and the hang watch said nothing")
+    else:
+        print("the job ran to the end: this train() has no bug (did you fix it already?)")
+    return run
 
 
-def run_broken(name: str, timeout: float = JOB_TIMEOUT) -> list[str]:
-    """Launch the broken version of lab ``name`` on 2 ranks; print the diagnosis and how each rank ended.
-
-    Returns every line the ranks printed.
-    """
-    lab = _lab(name)
-    finished, output = _launch(write_broken(name), lab, timeout)
-    print("the job finished (was the bug fixed in the solution too?)" if finished else "the job failed.")
-    block = diagnosis(output)
-    if block:
-        print("\n".join(["hangwatch says:", *(f"  {line}" for line in block)]))
-    for rank, error in sorted(errors(output).items()):
-        print(f"rank {rank} ended with {error}")
-    return output
+# ----------------------------------------------------------------------- the learner's reading of the diagnosis
 
 
-def check_fix(name: str, script: Path | None = None, timeout: float = JOB_TIMEOUT) -> bool:
-    """Run your version of lab ``name`` (written from this notebook's cells as you ran them); ✓ if it finishes."""
-    lab = _lab(name)
-    if script is None:
-        script = write_script(NOTEBOOK, name) if Path(NOTEBOOK).is_file() else MINE / f"{name}.py"
-    text = Path(script).read_text()
-    if "NotImplementedError" in text:
-        print(f"✗ {Path(script).name} still raises NotImplementedError: replace it with your fix and run the cell")
-        return False
-    if lab.broken in text:
-        print(f"✗ the bug is still there: {lab.broken}")
-        return False
-    finished, output = _launch(Path(script), lab, timeout)
-    if finished:
-        last = [line for line in output if line.startswith("[rank 0] ") and line[9:].strip()][-1:]
-        print(f"✓ the job finished on both ranks: {last[0][len('[rank 0] '):] if last else '(no output)'}")
-        return True
-    print("✗ the job still fails:")
-    for line in diagnosis(output)[:3]:
-        print(f"  {line}")
-    for rank, error in sorted(errors(output).items()):
-        print(f"  rank {rank} ended with {error}")
-    sys.stdout.flush()
-    return False
+def waiting_lines(run: Run) -> dict[int, tuple[int, str]]:
+    """{rank: (line, code)}: the line of the train() cell where each rank waits, from the watch's record."""
+    found = {}
+    for rank, answer in sequences.answers(run.record).items():
+        mine = [f for f in answer["frames"] if f[0] == TRAIN_CELL]
+        if mine:
+            found[rank] = (mine[-1][1], mine[-1][3].split("  # ")[0])
+    return found
 
 
-@contextlib.contextmanager
-def background(name: str, pg_timeout: float = 60.0, wait: float = 90.0):
-    """The broken lab ``name`` running under torchrun in the background until its ranks are stuck; stopped after.
+def why(run: Run) -> str:
+    """The key of :data:`WHY` that the record shows: the collective each rank is in, compared."""
+    now = [a.get("current") or {} for a in sequences.answers(run.record).values()]
+    ops = {c.get("op") for c in now}
+    if len(ops) == 1 and len({c.get("seq") for c in now}) == 1 and len({c.get("tensors") for c in now}) > 1:
+        return "shapes"
+    return "batches" if "backward" in ops and len(ops) > 1 else "skipped"
 
-    Yields the torchrun process (``.pid``); its ranks' output goes to a log file (``.log``).
-    """
-    lab = _lab(name)
-    args = [a if a != ARGS[ARGS.index("--timeout") + 1] else str(pg_timeout) for a in ARGS]
-    log = Path(tempfile.mkdtemp(prefix="hang-")) / "job.log"
-    record = log.with_name("hang.json")
-    with open(log, "w") as out:
-        proc = start_job(write_broken(name), [*args, "--batch-size", lab.batch_size, "--no-progress"], 2,
-                         stdout=out, env={hangreport.RECORD_VARIABLE: str(record)})
-    proc.log = log
-    try:
-        deadline = time.monotonic() + wait
-        while not hangreport.load(record):  # the watch has saved its block: the ranks are stuck
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text()[-2000:]
-                raise WorkshopError(f"the background job did not get stuck as expected; its output:\n{tail}")
-            time.sleep(0.5)
-        yield proc
-    finally:
-        kill_tree(proc)
+
+def _matches(given: object, line: int, code: str) -> bool:
+    """A line number of the train() cell, or a piece of that line's code (4 characters at least)."""
+    if isinstance(given, int) and not isinstance(given, bool):
+        return given == line
+    return isinstance(given, str) and len(given.strip()) >= 4 and given.strip() in code
+
+
+def _compare(run: Run, waits: dict[int, object], reason: str) -> list[tuple[bool, str]]:
+    """(right, what to say) for each rank's line and for the reason."""
+    if not run.record:
+        raise CheckFailed("this run did not hang, so there is no diagnosis to compare with: run the broken cell first")
+    said = []
+    for rank, (line, code) in sorted(waiting_lines(run).items()):
+        given = waits.get(rank)
+        if _matches(given, line, code):
+            said.append((True, f"rank {rank} waits at line {line} of train(): {code}"))
+        elif given is None:
+            said.append((False, f"rank {rank} waits too, at line {line} of train(): {code} (a rank that skips a "
+                                f"collective runs on to its next one, and waits there)"))
+        else:
+            said.append((False, f"rank {rank} waits at line {line} of train() ({code}), not at {given!r}"))
+    truth = why(run)
+    if reason == truth:
+        said.append((True, f"{truth!r}: {WHY[truth]}"))
+    else:
+        said.append((False, f"why: the record shows {truth!r} ({WHY[truth]}), not {reason!r}"))
+    return said
+
+
+def check_prediction(run: Run, waits: dict[int, object], reason: str) -> None:
+    """Your prediction (made before the run) against the watch's record: what was right, what was not."""
+    for right, text in _compare(run, waits, reason):
+        (_passed if right else _missed)(text)
+
+
+def check_reading(run: Run, waits: dict[int, object], reason: str) -> None:
+    """Your reading of the diagnosis (the line where each rank waits, and why) against the watch's record."""
+    said = _compare(run, waits, reason)
+    wrong = next((text for right, text in said if not right), None)
+    if wrong:
+        raise CheckFailed(f"{wrong}: read the diagnosis again ('where each rank is', and the collective each is in)")
+    for _, text in said:
+        _passed(text)
+
+
+# --------------------------------------------------------------------------------------------- the fix
+
+
+def verdict(run: Run) -> tuple[bool, str]:
+    """(trains correctly, the one line that says so or names what is wrong) for a run of a fix."""
+    if run.record:
+        return False, f"it still hangs: {run.record[0]['line']}"
+    if run.timed_out:
+        return False, f"it did not end within {TIMEOUT:g} s: a rank waits for one that never comes"
+    if run.errors:
+        rank, error = min(run.errors.items())
+        return False, f"it still fails: rank {rank} raised {error}"
+    steps = [r["steps"] for r in run.results or []]
+    spreads = [r["spread"] for r in run.results or []]
+    each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(steps))
+    if len(set(steps)) > 1:
+        return False, (f"it ends, but the ranks ran different numbers of optimizer steps ({each}): the replicas "
+                       f"stepped apart; every rank must train on the same number of batches")
+    if not steps or steps[0] == 0:
+        return False, "it ends, but no rank ran an optimizer step: train() must train"
+    if spreads[0] is None:
+        return False, "it ends, but the ranks' models do not even have the same number of weights"
+    if spreads[0] > 0:
+        return False, (f"it ends, but the replicas differ by {spreads[0]:.3g} after training: the ranks' gradients "
+                       f"were not averaged in every step (each rank trained its own model)")
+    if any(r["wrapper"] for r in run.results):
+        return False, ("it trains, but evaluate() still gets the DDP wrapper, whose forward may start a collective "
+                       "on the one rank that evaluates: evaluate the model inside it")
+    return True, f"both ranks ran {steps[0]} optimizer steps, and their replicas are equal (spread 0): it trains correctly"
+
+
+def check_fix(name: str, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> None:
+    """Run your train() of lab ``name`` (its cells as you ran them) on 2 ranks; ✓ when it trains correctly."""
+    ok, said = verdict(_launch(_lab(name), broken=False, notebook=notebook, edit=edit))
+    if not ok:
+        raise CheckFailed(said)
+    _passed(said)

@@ -57,10 +57,10 @@ def joining(ranks: Events, world_size: int = 2, cuda: bool = False, **_) -> str 
         if call.get("world_size") not in (None, world_size):
             return (f"rank {rank} passed world_size={call.get('world_size')} to init_process_group{_at(call)}, but "
                     f"{world_size} processes were started: pass the launch's world size")
-    claimed: dict = {}
+    claimed: dict = {}  # rank= as passed; None: env://, where torch reads RANK (torchrun's global rank) itself
     for rank, calls in sorted(inits.items()):
-        if calls:
-            claimed.setdefault(calls[0].get("rank"), []).append(rank)
+        if calls and calls[0].get("rank") is not None:
+            claimed.setdefault(calls[0]["rank"], []).append(rank)
     for value, who in claimed.items():
         if len(who) > 1:
             line = inits[who[0]][0].get("line")

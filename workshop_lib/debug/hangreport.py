@@ -92,15 +92,19 @@ def block(lines: Iterable[str]) -> list[str]:
     return [line.split(PREFIX, 1)[1] for line in lines if PREFIX in line]
 
 
-def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = ()) -> None:
+def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = (),
+         answers: dict[int, dict] | None = None) -> None:
     """Add the block that ``rank`` printed to the JSON list in ``path`` (replaced whole: never half written).
 
-    ``left``: the ranks that had left the job (destroy_process_group) when it was printed.
+    ``left``: the ranks that had left the job (destroy_process_group) when it was printed. ``answers``:
+    what each rank answered (its frames, its current collective, its ``history`` of collectives and its
+    count of ``backwards``), saved as ``"answers": {"0": {...}, ...}`` for figures and checks to read.
     """
     path = Path(path)
     missing = never_arrived(block)
     blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
-                            "waiting_for": [r for r in missing if r not in set(left)]}]
+                            "waiting_for": [r for r in missing if r not in set(left)],
+                            "answers": {str(r): a for r, a in sorted((answers or {}).items())}}]
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(blocks, f)

@@ -65,6 +65,7 @@ class Call:
     since: float  # time.time() when it was entered
     where: str  # "file.py:41 in train()", the caller outside torch
     gpu: bool = False  # on CUDA tensors: Python returns once it is queued; the GPU may still wait
+    backwards: int = 0  # the backward() calls this rank had entered by then (a backward's own number)
 
     def name(self) -> str:
         return "loss.backward()" if self.op == "backward" else f"{self.op} #{self.seq}"
@@ -109,6 +110,7 @@ class Watch:
         self.store, self.rank, self.world_size, self.record = store, rank, world_size, record
         self.threshold, self.poll = threshold, poll
         self.seq, self.current, self.last = 0, None, None
+        self.backwards = 0  # backward() calls entered: under DDP, one gradient all-reduce each
         self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
         self.queued: collections.deque = collections.deque(maxlen=HISTORY)  # (Call, CUDA event) not known finished
         self.reported: set = set()  # (op, seq, since) of the waits already explained
@@ -128,10 +130,11 @@ class Watch:
             return None
         gpu = _on_gpu(args, kwargs)
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
-            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), _caller(), gpu)
+            self.backwards += 1
+            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), _caller(), gpu, self.backwards)
         else:
             self.seq += 1
-            self.current = Call(op, self.seq, _tensors(args, kwargs), time.time(), _caller(), gpu)
+            self.current = Call(op, self.seq, _tensors(args, kwargs), time.time(), _caller(), gpu, self.backwards)
             self.history.append(self.current)
         return self.current
 
@@ -176,7 +179,7 @@ class Watch:
         call = self.current or self.unfinished_on_gpu()
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": frames, "inner": inner,
                            "current": asdict(call) if call else None, "left": left,
-                           "last": asdict(self.last) if self.last else None,
+                           "last": asdict(self.last) if self.last else None, "backwards": self.backwards,
                            "history": [asdict(c) for c in self.history]})
 
     def leave_job(self) -> None:
@@ -212,7 +215,8 @@ class Watch:
         lines = explain(self.rank, call, how, answers, self.world_size)
         print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
-            hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")])
+            hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
+                            answers=answers)
 
 
 _watch: Watch | None = None

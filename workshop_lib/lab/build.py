@@ -20,6 +20,20 @@ exercise keeps the TODO line and raises NotImplementedError in place of the
 code. Raw cells tagged ``script:<name>`` go into the script only (the module
 docstring, the ``__main__`` guard): a notebook must not run them.
 
+A debugging lab is the other way round: the learner gets the broken code and
+no hint. Its span has a BROKEN block just above it instead of a TODO, the bug
+commented out (the solution notebook must not run it)::
+
+    ### BEGIN BROKEN
+    # spread = replica_spread(model) if rank == 0 else None
+    ### END BROKEN
+    ### BEGIN SOLUTION
+    spread = replica_spread(model)
+    ### END SOLUTION
+
+The solution drops the block; the exercise keeps its lines, uncommented, and
+drops the span.
+
     python -m workshop_lib.build            # rewrite every generated file
     python -m workshop_lib.build --check    # exit 1 and name each stale file
     python -m workshop_lib.build --execute 02_distributed_sampler.ipynb   # re-run, store outputs
@@ -44,6 +58,7 @@ SOLUTIONS = REPO_ROOT / "solutions"
 EXERCISES = REPO_ROOT / "exercises"
 MINE = REPO_ROOT / "runs" / "mine"  # where a learner's write_script puts their version (git-ignored)
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+BROKEN_BEGIN, BROKEN_END = "### BEGIN BROKEN", "### END BROKEN"  # a debugging lab's bug, just above its span
 SCRIPT_TAG = "script:"
 # The exercise versions leave names for the learner to define: no linting of what is left.
 EXERCISE_NOQA = "# ruff: noqa (exercise version: the TODOs leave names for you to define)"
@@ -62,17 +77,44 @@ def _hint_start(lines: list[str], begin: int) -> int | None:
     return i if i >= 0 and _TODO.match(lines[i]) else None
 
 
+def _broken_start(lines: list[str], begin: int, where: str) -> int | None:
+    """The ``### BEGIN BROKEN`` line of the block that ends just above line ``begin``, if there is one."""
+    if begin == 0 or lines[begin - 1].strip() != BROKEN_END:
+        return None
+    i = begin - 2
+    while i >= 0 and lines[i].strip() != BROKEN_BEGIN:
+        if not lines[i].lstrip().startswith("#"):
+            raise WorkshopError(f"{where}: line {i + 1} of a '{BROKEN_BEGIN}' block is not commented out; "
+                                f"comment out the bug (the solution notebook must not run it)")
+        i -= 1
+    if i < 0:
+        raise WorkshopError(f"{where}: '{BROKEN_END}' on line {begin} has no '{BROKEN_BEGIN}' before it")
+    return i
+
+
+def _uncommented(line: str) -> str:
+    """A line of a BROKEN block as the exercise shows it: its first ``#`` (and one space after it) removed."""
+    code = line.lstrip()
+    indent = line[: len(line) - len(code)]
+    return (indent + code[1:].removeprefix(" ")).rstrip()
+
+
 def _spans(source: str, where: str) -> list[tuple[int, int, int]]:
-    """(hint, begin, end) line numbers of each solution span; a broken span is an error naming its cell."""
+    """(hint, begin, end) line numbers of each solution span; a broken span is an error naming its cell.
+
+    ``hint`` is the span's TODO line, or the ``### BEGIN BROKEN`` line of a debugging lab's block.
+    """
     lines, spans, begin, hint = source.splitlines(), [], None, None
     for i, line in enumerate(lines):
         marker = line.strip()
         if marker == BEGIN:
             if begin is not None:
                 raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} inside another span; close it with '{END}'")
-            hint = _hint_start(lines, i)
+            hint = _broken_start(lines, i, where)
+            hint = _hint_start(lines, i) if hint is None else hint
             if hint is None:
-                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint just above")
+                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint just above "
+                                    f"(or, in a debugging lab, the bug in a '{BROKEN_BEGIN}' block)")
             begin = i
         elif marker == END:
             if begin is None:
@@ -94,10 +136,17 @@ def solution_source(source: str, where: str = "cell") -> str:
 
 
 def exercise_source(source: str, where: str = "cell") -> str:
-    """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO."""
+    """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO.
+
+    A span under a BROKEN block becomes the block's code instead (the bug, to be found).
+    """
     lines = source.splitlines()
     out, pos = [], 0
-    for _, begin, end in _spans(source, where):
+    for hint, begin, end in _spans(source, where):
+        if lines[hint].strip() == BROKEN_BEGIN:
+            out += lines[pos:hint] + [_uncommented(line) for line in lines[hint + 1:begin - 1]]
+            pos = end + 1
+            continue
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
         out += lines[pos:begin]
         out.append(f'{indent}raise NotImplementedError("fill in the TODO above")')
@@ -162,9 +211,9 @@ def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[s
     if not placed:
         raise WorkshopError(f"{source_name} has no cell tagged {SCRIPT_TAG}{name}; tag the script's cells")
     lenders = sorted(n for n, o in others if any(name in script_names(c) for c in o.cells))
-    also = f" (and cells of {', '.join(lenders)})" if lenders else ""
-    header = [f"# Generated from {source_name}{also} by `python -m workshop_lib.build`: do not edit.",
-              f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild."]
+    header = [f"# Generated from {source_name} by `python -m workshop_lib.build`: do not edit."]
+    header += [f"# (and cells of {lender})" for lender in lenders]
+    header.append(f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild.")
     if exercise:
         header.append(EXERCISE_NOQA)
     return "\n".join(header) + "\n" + _join([text for _, text in sorted(placed, key=lambda p: p[0])])
@@ -185,6 +234,9 @@ def script_homes(notebooks: dict[str, object]) -> dict[str, str]:
 # ---------------------------------------------------------------------------- notebooks
 
 
+_BUGS = " Some cells hold a bug instead of a TODO: run them as they are, read what the run says, then fix them."
+
+
 def exercise_notebook(nb, source_name: str):
     """Outputs cleared, solution spans replaced, a header cell pointing to the solution notebook."""
     import nbformat
@@ -192,6 +244,7 @@ def exercise_notebook(nb, source_name: str):
     ex = copy.deepcopy(nb)
     ex.metadata.pop("widgets", None)
     todos = any(c.cell_type == "code" and has_spans(c.source) for c in nb.cells)
+    bugs = any(c.cell_type == "code" and BROKEN_BEGIN in c.source for c in nb.cells)
     for i, cell in enumerate(ex.cells):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -208,7 +261,8 @@ def exercise_notebook(nb, source_name: str):
         f"**Time:** {f'about {stated.group(1)} minutes' if stated else 'as you like'}. "
         f"**At the end you have:** {where.get('outcome', 'run every cell')}.\n\n"
         + (f"Fill in each `# TODO` (its cell raises `NotImplementedError` until you do), run the cell, then run "
-           f"the check cell below it. Stuck? The worked solution is in [{source_name}]({link})." if todos else
+           f"the check cell below it.{_BUGS if bugs else ''} Stuck? The worked solution is in [{source_name}]({link})."
+           if todos else
            f"This notebook has nothing to fill in: run the cells in order. The executed version, with its outputs, "
            f"is [{source_name}]({link}).")
         + "\n\n*Exercise version, generated by `python -m workshop_lib.build` from the solution notebook: "
@@ -219,7 +273,7 @@ def exercise_notebook(nb, source_name: str):
 
 
 def source_notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))  # 00_baseline ... 04a_patterns ...
 
 
 def _read_sources() -> dict[str, object]:
@@ -298,7 +352,10 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
         name = names[0]
     others = [(n, o) for n, o in _read_sources().items() if Path(n).name != path.name]  # lent cells, as solved
     text = script_text(nb, name, path.name, exercise=False, sources=_ran, others=others)
-    body = text.split("\n", 2)[2]  # without the "generated, do not edit" header: this one is yours
+    lines = text.split("\n")
+    while lines[0].startswith(("# Generated from", "# (and cells of", "# Edit the cells")):
+        lines.pop(0)  # without the "generated, do not edit" header: this one is yours
+    body = "\n".join(lines)
     text = f"# Your {name}, written from {path.name} by workshop_lib.lab.build.write_script.\n" + body
     out = Path(to) if to else MINE / f"{name}.py"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,11 +35,14 @@ class LaunchTimeout(LaunchError):
 
 
 class HangError(LaunchError):
-    """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line."""
+    """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line.
 
-    def __init__(self, message: str, diagnosis: str):
+    ``record``: the file where the hang watch saved its block (:func:`workshop_lib.debug.hangreport.load`).
+    """
+
+    def __init__(self, message: str, diagnosis: str, record: Path | None = None):
         super().__init__(message)
-        self.diagnosis = diagnosis
+        self.diagnosis, self.record = diagnosis, record
 
 
 def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
@@ -221,7 +224,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     except TimeoutError as err:
         raise LaunchTimeout(rank_logs.failure_report(name, [str(err)], log_dir)) from None
     except _HangSeen as hang:
-        raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang)) from None
+        raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang),
+                        Path(log_dir) / "hang.json") from None
     except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:

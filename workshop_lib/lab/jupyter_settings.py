@@ -1,4 +1,5 @@
-"""The lab's JupyterLab settings, so that it opens clean: no "get notified about Jupyter news?" prompt.
+"""The lab's JupyterLab settings: it opens clean (no "get notified about Jupyter news?" prompt), and code cells
+show line numbers (the hang watch names lines of the learner's cells, notebook 05).
 
 JupyterLab reads default settings from ``labconfig/default_setting_overrides.json`` in each
 Jupyter config directory; a learner's own settings still win. An editable install

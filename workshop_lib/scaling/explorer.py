@@ -124,17 +124,17 @@ class Explorer:
         return w.VBox([*self.sliders.values(), self.output])
 
 
-# ---------------------------------------------------------------- the three questions
+# ---------------------------------------------------------------- predictions, and the read-off
 
-CHOICES = {
-    "accumulation": {"a": "it makes each all-reduce faster",
-                     "b": "one all-reduce is paid for several micro-batches of compute",
-                     "c": "it makes the gradients smaller"},
-    "overlap": {"a": "it hides the all-reduce entirely, whatever its size",
-                "b": "it hides the all-reduce up to the length of backward; what is longer stays exposed",
-                "c": "nothing: the all-reduce always waits for backward to end"},
+# question: (what the learner predicts, how close counts, why the model gives what it gives)
+PREDICTIONS = {
+    "accumulation": ("the efficiency with 5 micro-batches per all-reduce, as a share (0.5 for 50%)", 0.03,
+                     "k micro-batches of compute share one all-reduce: efficiency = k x compute / "
+                     "(k x compute + all-reduce)"),
+    "overlap": ("the all-reduce time left exposed with full overlap, in ms", 0.1,
+                "backward (about 2/3 of the compute) hides the all-reduce only up to its own length: "
+                "exposed = all-reduce - backward, or 0"),
 }
-ANSWERS = {"accumulation": "b", "overlap": "b"}
 
 
 def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
@@ -143,19 +143,18 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
     return next((n for n in sorted(by_n) if 2 * n in by_n and by_n[2 * n] / by_n[n] < gain), None)
 
 
-def check(question: str, answer, rows: list[dict] | None = None) -> None:
-    """Check an answer to one of the three questions; print a tick, or raise CheckFailed with a hint."""
+def check(question: str, predicted, expected: float) -> None:
+    """Compare a prediction with the model's value; print a tick and why, or raise CheckFailed with the why."""
     from workshop_lib.checks.common import CheckFailed
 
-    if question == "doubling":
-        expected = doubling_stops_paying(rows)
-        if answer != expected:
-            raise CheckFailed(f"{answer} is not it: find the first N whose doubling to 2N raises samples/s by less "
-                              "than 10% (the curve turns flat there; compare each point with the next)")
-        print(f"\N{CHECK MARK} from {expected} ranks on, doubling adds less than 10%: the all-reduce, which does "
-              "not shrink with N, has become most of the step")
-        return
-    if ANSWERS.get(question) != answer:
-        options = "; ".join(f"{k}: {v}" for k, v in CHOICES[question].items())
-        raise CheckFailed(f"{answer!r} is not it. Look again at which term of the step the change moves ({options})")
-    print(f"\N{CHECK MARK} {CHOICES[question][answer]}")
+    what, tolerance, why = PREDICTIONS[question]
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        raise CheckFailed(f"your prediction is {predicted!r}: write {what} as a number first")
+    if question == "accumulation" and predicted > 1:
+        raise CheckFailed(f"{predicted} is not a share: write {predicted / 100:g} for {predicted:g}%")
+    close = (abs(predicted - expected) <= tolerance if question == "accumulation"
+             else abs(predicted - expected) <= max(1.0, tolerance * expected))
+    shown = (lambda x: f"{x:.0%}") if question == "accumulation" else (lambda x: f"{x:.0f} ms")
+    if not close:
+        raise CheckFailed(f"you predicted {shown(predicted)}, the model gives {shown(expected)}: {why}")
+    print(f"\N{CHECK MARK} {shown(expected)} (you said {shown(predicted)}): {why}")

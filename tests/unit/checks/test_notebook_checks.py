@@ -38,13 +38,8 @@ def sampler_todo(dataset, cfg, env):
     raise NotImplementedError("fill in the TODO above")
 
 
-def indices_ok(sampler, epoch):
-    sampler.set_epoch(epoch)
-    return list(sampler)
-
-
-def indices_no_epoch(sampler, epoch):
-    return list(sampler)
+def sampler_random(dataset, cfg, env):
+    return torch.utils.data.RandomSampler(dataset)
 
 
 def sampler_local_rank(dataset, cfg, env):
@@ -56,23 +51,45 @@ def sampler_from_the_group(dataset, cfg, env):
 
 
 def test_shards_pass_and_report_padding(capsys):
-    sampler.shards(sampler_ok, indices_ok, n=11)
+    sampler.shards(sampler_ok, n=11)
     assert "4 ranks (2 a node) x 3 items: disjoint shards covering all 11 (1 padded duplicate)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("make", "indices", "message"), [
-    (sampler_no_rank, indices_ok, "rank 1 got the same indices as rank 0: pass rank=env.rank"),
-    (sampler_local_rank, indices_ok, "rank 2 (local rank 0) got the same indices as rank 0: pass the global rank"),
-    (sampler_from_the_group, indices_ok, "make_sampler looked for a process group, and there is none here (torch: "
-                                         "Default process group has not been initialized)"),
-    (sampler_no_replicas, indices_ok, "rank 0 got 11 of 11 items, expected 3"),
-    (sampler_no_shuffle, indices_ok, "pass shuffle=True"),
-    (sampler_ok, indices_no_epoch, "the order is the same in epoch 0 and 1: call sampler.set_epoch"),
-    (sampler_todo, indices_ok, "make_sampler still raises NotImplementedError"),
+@pytest.mark.parametrize(("make", "message"), [
+    (sampler_no_rank, "rank 1 got the same indices as rank 0: pass rank=env.rank"),
+    (sampler_local_rank, "rank 2 (local rank 0) got the same indices as rank 0: pass the global rank"),
+    (sampler_from_the_group, "make_sampler looked for a process group, and there is none here (torch: "
+                             "Default process group has not been initialized)"),
+    (sampler_no_replicas, "rank 0 got 11 of 11 items, expected 3"),
+    (sampler_no_shuffle, "pass shuffle=True"),
+    (sampler_random, "make_sampler returned a RandomSampler, which has no set_epoch: return a DistributedSampler"),
+    (sampler_todo, "make_sampler still raises NotImplementedError"),
 ])
-def test_shards_name_the_mistake(make, indices, message):
+def test_shards_name_the_mistake(make, message):
     with pytest.raises(common.CheckFailed, match=re.escape(message)):
-        sampler.shards(make, indices, n=11)
+        sampler.shards(make, n=11)
+
+
+def _step2_metrics(spreads=(0.0858, 0.145)):
+    """A step-2 metrics.json of 2 ranks, 720 training molecules (6 steps of 64 per rank and epoch)."""
+    return {"world_size": 2, "batch_size_per_process": 64, "config": {"lr": 0.008},
+            "history": [{"epoch": e, "replica_spread": s, "samples_per_second": 720.0, "seconds": 1.0}
+                        for e, s in enumerate(spreads)]}
+
+
+@pytest.mark.parametrize(("predicted", "verdict"), [
+    (None, "(no prediction to compare: set predicted_spread before the run)"),
+    (0.05, "\N{CHECK MARK} you predicted 0.05: the right order of magnitude"),
+    (0.0, "\N{BALLOT X} you predicted 0: the replicas stay equal only if every rank takes the same step"),
+    (1e-5, "\N{BALLOT X} you predicted 1e-05, more than 10 times below the measured 0.0858"),
+    (2.0, "\N{BALLOT X} you predicted 2, more than 10 times above the measured 0.0858"),
+])
+def test_spread_prediction_compares_and_says_why(predicted, verdict, capsys):
+    sampler.spread_prediction(predicted, _step2_metrics())  # a wrong guess is said, not raised
+    out = capsys.readouterr().out
+    assert "differ by up to 0.0858 after epoch 1, 0.1450 after epoch 2" in out
+    assert verdict in out
+    assert "each rank took 6 AdamW steps in epoch 1" in out and "2 x 6 x 0.008 = 0.096" in out
 
 
 def test_check_failed_renders_as_one_line():
@@ -173,7 +190,7 @@ def _solution(step: str, *edits: tuple[str, str]):
 
 def test_process_group_passes(capsys):
     group.process_group(_solution("step1_process_group").main)
-    assert "joined as rank 3 of 4; left the group even when the training raised" in capsys.readouterr().out
+    assert "joined as rank 3 of 4 on the store; left the group even when the training raised" in capsys.readouterr().out
 
 
 def test_process_group_of_the_unfilled_exercise_asks_for_the_todos():
@@ -266,9 +283,9 @@ def test_rank0_duties_names_a_rank_that_skips_a_collective_without_waiting_for_t
     reduce_at, gather_at = (1 + next(i for i, line in enumerate(source) if call in line)
                             for call in ("dist.all_reduce(total", "dist.all_gather(everyone"))
     assert re.fullmatch(
-        rf"rank (0 waits in all_reduce #3 \(called at solutions/step3_ddp\.py:{reduce_at} in mean_over_ranks\(\).*\); "
-        rf"rank 1 never joined it: it is in all_gather #3|1 waits in all_gather #3 \(called at solutions/step3_ddp\.py:"
-        rf"{gather_at} in replica_spread\(\).*\); rank 0 never joined it: it is in all_reduce #3).*: every rank must "
+        rf"rank (0 waits in all_reduce #2 \(called at solutions/step3_ddp\.py:{reduce_at} in mean_over_ranks\(\).*\); "
+        rf"rank 1 never joined it: it is in all_gather #2|1 waits in all_gather #2 \(called at solutions/step3_ddp\.py:"
+        rf"{gather_at} in replica_spread\(\).*\); rank 0 never joined it: it is in all_reduce #2).*: every rank must "
         r"call every collective, in the same order, or the others wait for it", str(err.value)), str(err.value)
 
 
@@ -312,43 +329,15 @@ def test_ddp_wrap_names_the_mistake(fn, message):
         ddp.ddp_wrap(fn)
 
 
-def mean_ok(value, env):
-    total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total)
-    return total.item() / env.world_size
-
-
-def mean_summed(value, env):
-    total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total)
-    return total.item()
-
-
-def mean_max(value, env):
-    total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total, op=dist.ReduceOp.MAX)
-    return total.item() / env.world_size
-
-
-def mean_todo(value, env):
-    raise NotImplementedError("fill in the TODO above")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("fn", "message"), [
-    (mean_ok, None),
-    (mean_todo, "mean_over_ranks still raises NotImplementedError"),
-    (mean_summed, "mean_over_ranks returned the sum 4, not the mean 2: divide the all-reduced sum by the world size"),
-    (mean_max, "mean_over_ranks all-reduced with op=MAX: rank 0 got 1.5 instead of the mean 2"),
+@pytest.mark.parametrize(("predicted", "verdict"), [
+    (None, "measured 1.50x (no prediction to compare: set predicted_speedup before the run)"),
+    (1.6, "\N{CHECK MARK} you predicted 1.60x, measured 1.50x: within 0.25"),
+    (2.0, "\N{BALLOT X} you predicted 2.00x, measured 1.50x: less, since every step ends with an all-reduce"),
+    (1.0, "\N{BALLOT X} you predicted 1.00x, measured 1.50x: more, since each process computes half"),
 ])
-def test_mean_over_ranks(fn, message, capsys):
-    if message is None:
-        ddp.mean_over_ranks(fn)
-        assert "ranks holding 1 and 3 both got 2, the mean" in capsys.readouterr().out
-    else:
-        with pytest.raises(common.CheckFailed, match=re.escape(message)):
-            ddp.mean_over_ranks(fn)
+def test_speedup_prediction_compares_and_says_why(predicted, verdict, capsys):
+    ddp.speedup_prediction(predicted, {1: 1000.0, 2: 1500.0})  # a wrong guess is said, not raised
+    assert verdict in capsys.readouterr().out
 
 
 def by_hand_ok(model, env):

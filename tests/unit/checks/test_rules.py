@@ -166,6 +166,13 @@ def test_joining_names_how_a_rank_joined_wrongly(ranks, cuda, expected):
     assert rules.joining(ranks, world_size=WORLD, cuda=cuda) == expected
 
 
+def test_joining_accepts_the_standard_line():
+    """init_process_group(backend): no rank= or world_size= (env://, torch reads RANK and WORLD_SIZE itself)."""
+    standard = edit(STEP1, "init", {"rank": None, "world_size": None}, phase="enter")
+    assert rules.joining(standard, world_size=WORLD) is None
+    assert rules.first_mistake(1, standard, world_size=WORLD, epochs=2) is None
+
+
 def _sampler_before_group() -> dict:
     """A DistributedSampler built before init_process_group, without its place: torch raises, no rank joins."""
     early = [ev("start"), ev("sampler", 33, num_replicas=None, rank=None, group=False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 
@@ -93,6 +94,19 @@ def test_install_in_a_world_of_one_changes_nothing():
         assert dist.all_reduce is before
     finally:
         dist.destroy_process_group()
+
+
+def test_each_collective_is_recorded_with_the_backward_calls_before_it():
+    """Under DDP each backward() all-reduces the gradients: the record counts them, for the ranks' sequences."""
+    watch = hangwatch.Watch(dist.HashStore(), 0, 2, threshold=60, poll=60)
+    x = torch.ones(2)
+    for op in ("_broadcast_coalesced", "backward", "backward", "all_gather"):
+        watch.leave(watch.enter(op, (x,), {}), None)
+    watch.enter("backward", (), {})  # the third one, still running
+    said = json.loads(watch.where(1))
+    assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("_broadcast_coalesced", 1, 0),
+                                                                             ("all_gather", 2, 2)]
+    assert said["backwards"] == 3 and (said["current"]["op"], said["current"]["backwards"]) == ("backward", 3)
 
 
 def lines_of(done, tag="hangwatch: "):

@@ -58,6 +58,9 @@ def test_exercise_keeps_the_hint_and_raises_at_its_indent():
     ("x = 1\n### END SOLUTION\n", "has no '### BEGIN SOLUTION'"),
     ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "needs a '# TODO: ...' hint"),
     ("# TODO: x\n### BEGIN SOLUTION\n# TODO: y\n### BEGIN SOLUTION\n", "inside another span"),
+    # a debugging lab's bug: commented out (the solution notebook must not run it), in a whole block
+    ("### BEGIN BROKEN\ny = None\n### END BROKEN\n### BEGIN SOLUTION\ny = 1\n### END SOLUTION", "not commented out"),
+    ("# y = None\n### END BROKEN\n### BEGIN SOLUTION\ny = 1\n### END SOLUTION", "has no '### BEGIN BROKEN'"),
 ])
 def test_broken_markers_are_errors_naming_the_cell(source, message):
     with pytest.raises(WorkshopError, match=message):
@@ -197,8 +200,8 @@ def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
 
     build.build()
     solution = (tiny_repo / "solutions" / "tiny.py").read_text()
-    assert solution.splitlines()[0] == ("# Generated from notebooks/00_tiny.ipynb (and cells of "
-                                        "notebooks/01_lender.ipynb) by `python -m workshop_lib.build`: do not edit.")
+    assert solution.splitlines()[:2] == ["# Generated from notebooks/00_tiny.ipynb by `python -m workshop_lib.build`: "
+                                         "do not edit.", "# (and cells of notebooks/01_lender.ipynb)"]
     order = [solution.index(s) for s in ('"""Doc."""', "import math", "def f(", "def g(", "def main(", "if __name__")]
     assert order == sorted(order)  # docstring and imports, the body in notebook order, main, the guard
     exercise = (tiny_repo / "exercises" / "tiny.py").read_text()
@@ -220,3 +223,37 @@ def test_each_exercise_notebook_opens_with_where_the_learner_is(path):
     assert stated, f"{path.name}: the first cell states no '**Time: about N minutes.**'"
     assert first.startswith(f"**Where you are:** {lab['step']}. **Time:** about {stated.group(1)} minutes. "
                             f"**At the end you have:** {lab['outcome']}.")
+
+
+DEBUG_CELL = """def f(x, rank):
+    ### BEGIN BROKEN
+    # y = x + 1 if rank == 0 else None  # only rank 0 needs it
+    #
+    #     # an indented comment stays a comment
+    ### END BROKEN
+    ### BEGIN SOLUTION
+    y = x + 1
+    ### END SOLUTION
+    return y"""
+
+
+def test_a_debugging_lab_gives_the_learner_the_bug_and_no_hint():
+    """The exercise holds the broken code (uncommented) and nothing of the fix; the solution holds only the fix."""
+    ex = build.exercise_source(DEBUG_CELL)
+    assert ex == ("def f(x, rank):\n    y = x + 1 if rank == 0 else None  # only rank 0 needs it\n\n"
+                  "        # an indented comment stays a comment\n    return y")
+    assert "TODO" not in ex and "NotImplementedError" not in ex and "BROKEN" not in ex
+    assert build.solution_source(DEBUG_CELL) == "def f(x, rank):\n    y = x + 1\n    return y"
+    namespace: dict = {}
+    exec(ex, namespace)
+    assert namespace["f"](1, rank=1) is None  # the bug runs in the exercise
+    exec(DEBUG_CELL, namespace)
+    assert namespace["f"](1, rank=1) == 2  # the solution notebook runs its cell as it is: the bug is a comment
+
+
+def test_the_exercise_header_says_when_cells_hold_a_bug():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(DEBUG_CELL)])
+    header = build.exercise_notebook(nb, "notebooks/x.ipynb").cells[0].source
+    assert "hold a bug instead of a TODO" in header
+    assert "hold a bug" not in build.exercise_notebook(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        CELL)]), "notebooks/x.ipynb").cells[0].source

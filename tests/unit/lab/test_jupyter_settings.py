@@ -22,3 +22,4 @@ def test_the_settings_turn_the_news_prompt_off_where_jupyterlab_reads_them(tmp_p
     assert overrides["@jupyterlab/apputils-extension:notification"] == {
         "doNotDisturbMode": True, "fetchNews": "false", "checkForUpdates": False}  # "none" would ask
     assert overrides["other:plugin"] == {"x": 1}
+    assert overrides["@jupyterlab/notebook-extension:tracker"]["codeCellConfig"]["lineNumbers"] is True

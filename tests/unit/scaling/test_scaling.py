@@ -186,7 +186,7 @@ def test_moving_a_slider_calls_the_callback():
     assert ex.line.get_ydata()[-1] < first[-1]
 
 
-def test_the_three_questions_are_checked_against_the_model():
+def test_the_read_off_and_the_predictions_are_checked_against_the_model(capsys):
     from workshop_lib.checks.common import CheckFailed
     from workshop_lib.scaling.explorer import check, doubling_stops_paying
 
@@ -195,11 +195,16 @@ def test_the_three_questions_are_checked_against_the_model():
     n = doubling_stops_paying(rows)
     by_n = {r["n"]: r["samples_per_second"] for r in rows}
     assert by_n[2 * n] / by_n[n] < 1.1 <= by_n[n] / by_n[n // 2]  # the first doubling that adds < 10%
-    check("doubling", n, rows)
-    with pytest.raises(CheckFailed, match="doubling to 2N"):
-        check("doubling", n // 2, rows)
-    check("accumulation", "b")
-    with pytest.raises(CheckFailed, match="not it"):
-        check("overlap", "a")
     nvlink = cost.project(published.WORKLOADS["ResNet-50"], published.LINKS["NVLink, 8 GPUs"], global_batch=4096)
     assert doubling_stops_paying(nvlink) is None  # within one NVLink node it always pays
+    check("accumulation", 0.63, 0.65)
+    assert capsys.readouterr().out.startswith("\N{CHECK MARK} 65% (you said 63%): k micro-batches")
+    with pytest.raises(CheckFailed, match=r"you predicted 27%, the model gives 65%: k micro-batches"):
+        check("accumulation", 0.27, 0.65)
+    with pytest.raises(CheckFailed, match=r"65 is not a share: write 0\.65 for 65%"):
+        check("accumulation", 65, 0.65)
+    check("overlap", 46, 47.6)
+    with pytest.raises(CheckFailed, match=r"you predicted 0 ms, the model gives 48 ms: backward"):
+        check("overlap", 0, 47.6)
+    with pytest.raises(CheckFailed, match="write the all-reduce time left exposed"):
+        check("overlap", None, 47.6)

@@ -1,0 +1,32 @@
+"""Sphinx configuration of the lesson site. Build it with ``python -m workshop_lib.site`` (see docs/index.md).
+
+The episodes are the solution notebooks of notebooks/, rendered with their stored outputs and never
+executed (nbval already replays them); the extension workshop_lib.lab.site writes them into episodes/
+(git-ignored) before Sphinx reads anything. Nothing here reaches the network.
+"""
+
+project = "Data-parallel training with PyTorch DDP"
+author = "the workshop's authors"
+copyright = "the workshop's authors; code MIT, data CC0 1.0"
+
+extensions = ["sphinx_lesson", "sphinx.ext.githubpages", "workshop_lib.lab.site"]
+
+# MyST: ::: fences (sphinx-lesson's boxes around text that holds ``` code), $math$, heading anchors for links.
+myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
+myst_heading_anchors = 3
+
+# myst-nb: show the stored outputs, never run a notebook; widgets as their text (no widget JavaScript from a CDN).
+nb_execution_mode = "off"
+nb_merge_streams = True
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None),
+                              ("html", "application/vnd.jupyter.widget-state+json", None)]
+
+exclude_patterns = ["_build", "jupyter_execute", "Thumbs.db", ".DS_Store"]
+suppress_warnings = []
+
+html_theme = "sphinx_rtd_theme"
+html_title = "PyTorch DDP workshop"
+html_static_path = ["_static"]
+html_css_files = ["lesson.css"]
+html_show_sourcelink = False
+html_theme_options = {"navigation_depth": 2}

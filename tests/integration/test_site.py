@@ -1,0 +1,114 @@
+"""The lesson site builds from the repository, warning-free and offline; its links resolve; a browser shows it.
+
+One build (``python -m workshop_lib.site``, as a user runs it, into a temporary folder) serves every test
+here. The browser test uses the headless Chromium and playwright of tests/integration/test_jupyterlab.py
+(the system's Chromium, never ``playwright install``); without them it skips.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.test_jupyterlab import ARTIFACTS, CHROMIUM_ARGS, _chromium, _expected_outputs
+from workshop_lib.lab import episodes, sitelinks
+
+pytestmark = pytest.mark.slow  # a Sphinx build in a child process, a browser
+BUILD_LIMIT_S = 90  # about a minute on 2 cores, with room for a loaded machine
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The built site's folder (the build's output is kept in site.log beside it)."""
+    out = tmp_path_factory.mktemp("site") / "html"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "workshop_lib.site", "--out", str(out), "--fresh"],
+                          capture_output=True, text=True, timeout=180, cwd=REPO)
+    seconds = time.monotonic() - start
+    (out.parent / "site.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, f"the site did not build:\n{proc.stderr[-4000:]}"
+    out.parent.joinpath("seconds").write_text(f"{seconds:.1f}")
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_the_site_builds_warning_free_offline_within_a_minute(site):
+    log = (site.parent / "site.log").read_text()
+    seconds = float((site.parent / "seconds").read_text())
+    assert "WARNING" not in log and "ERROR" not in log, log[-4000:]
+    assert seconds < BUILD_LIMIT_S, f"the site took {seconds:.0f} s to build, more than {BUILD_LIMIT_S}"
+    print(f"site built in {seconds:.1f} s")
+
+
+@pytest.mark.timeout(200)
+def test_every_notebook_is_an_episode_with_its_stated_time_and_its_exercise_notebook(site):
+    eps = episodes.episodes()
+    pages = {p.stem for p in (site / "episodes").glob("*.html")}
+    assert pages == {e.name for e in eps}, f"episode pages {sorted(pages)}, notebooks {[e.name for e in eps]}"
+    for e in eps:
+        html = (site / "episodes" / f"{e.name}.html").read_text()
+        assert e.stated is not None, f"notebooks/{e.path.name} states no time in its first cell"
+        assert f"about {e.stated} minutes" in html, f"{e.name}'s page does not show its time ({e.stated} min)"
+        assert re.search(rf'href="[^"]*_downloads/\w+/{re.escape(e.path.name)}"', html), \
+            f"{e.name}'s page does not link its exercise notebook"
+        for box in ("objectives", "questions", "keypoints", "instructor-note"):
+            assert f'class="admonition-{box} {box} admonition' in html, f"{e.name}'s page has no {box} box"
+        cells = [c for c in nbformat.read(e.path, as_version=4).cells if "### BEGIN SOLUTION" in c.source]
+        assert html.count(' exercise important admonition"') == len(cells), f"{e.name}: not one box per exercise cell"
+        assert html.count("Show the solution") == len(cells), f"{e.name}: not every solution is folded"
+
+
+@pytest.mark.timeout(200)
+def test_the_home_page_schedule_states_each_notebooks_time(site):
+    html = (site / "index.html").read_text()
+    for e in episodes.episodes():
+        assert e.stated is not None, f"notebooks/{e.path.name} states no time in its first cell"
+        row = [r for r in re.findall(r"<tr.*?</tr>", html, re.S) if f'href="episodes/{e.name}.html"' in r]
+        assert len(row) == 1, f"the home page's schedule has {len(row)} rows for {e.name}, not 1"
+        assert f"~{e.stated} min" in row[0], f"the home page gives {e.name} another time than {e.stated} min"
+
+
+@pytest.mark.timeout(200)
+def test_every_link_and_every_file_the_pages_name_resolves(site):
+    problems = sitelinks.check_html(site) + sitelinks.check_sources()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.timeout(200)
+def test_the_home_page_and_an_episode_open_in_a_browser_with_their_figures(site):
+    chromium = _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the package only)")
+    with_figures = next(e for e in episodes.episodes() if "image" in _expected_outputs(e.path))
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1000})
+            page.goto((site / "index.html").as_uri())
+            assert "Data-parallel training with PyTorch DDP" in page.title()
+            page.screenshot(path=str(ARTIFACTS / "site_home.png"))
+
+            page.locator(f'table a[href="episodes/{with_figures.name}.html"]').first.click()  # from the schedule
+            page.wait_for_load_state("load")
+            assert page.url.endswith(f"episodes/{with_figures.name}.html")
+            figures = page.locator(".cell_output img")
+            assert figures.count() > 0, f"{with_figures.name}'s page shows no figure"
+            loaded = figures.evaluate_all("imgs => imgs.map(i => i.complete && i.naturalWidth > 0)")
+            assert all(loaded), f"{with_figures.name}: figures {[i for i, ok in enumerate(loaded) if not ok]} did not load"
+
+            toggle = page.get_by_text("Show the solution").first  # a folded solution opens
+            if toggle.count():
+                toggle.click()
+                assert page.get_by_text("Hide the solution").first.is_visible()
+            figures.last.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"site_{with_figures.name}.png"))
+            print(f"{with_figures.name}: {len(loaded)} figure(s) loaded")
+        finally:
+            browser.close()

@@ -1,0 +1,71 @@
+"""Notebook 04b's optional exercise: DDP by hand with overlap passes, and each mistake is named (2 forked ranks)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workshop_lib.checks import by_hand
+from workshop_lib.checks.common import CheckFailed
+from workshop_lib.data import load_splits
+from workshop_lib.paths import DEFAULT_DATA
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+SPLITS = load_splits(DEFAULT_DATA, limit=400)
+VOCAB = len(SPLITS.tokenizer)
+
+
+def batches_of(rank: int):
+    return [SPLITS.train.__getitems__(range((rank * 4 + k) * 16, (rank * 4 + k + 1) * 16)) for k in range(4)]
+
+
+def make(average=True, wait=True, async_op=True, hooks=True):
+    def train_by_hand(model, optimizer, batches):
+        world, pending = dist.get_world_size(), []
+
+        def hook(param):
+            if average:
+                param.grad.div_(world)
+            pending.append(dist.all_reduce(param.grad, async_op=async_op))
+
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()] if hooks else []
+        try:
+            for b in batches:
+                F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels).backward()
+                for work in pending if wait else ():
+                    if work is not None:
+                        work.wait()
+                pending.clear()
+                optimizer.step()
+                optimizer.zero_grad()
+        finally:
+            for h in handles:
+                h.remove()
+    return train_by_hand
+
+
+def todo(model, optimizer, batches):
+    raise NotImplementedError("fill in the TODO above")
+
+
+def test_overlapped_allreduces_give_ddps_weights_and_are_timed(capsys):
+    by_hand.by_hand(make(), batches_of, VOCAB)
+    timing, verdict = capsys.readouterr().out.splitlines()
+    assert timing.startswith("step time against DDP's (1 all-reduce a step: one bucket), median of 6 steps: by hand "
+                             "with overlap ") and timing.endswith("(13 all-reduces a step, one per parameter)")
+    assert verdict == ("\N{CHECK MARK} train_by_hand: the weights of DDP after 8 steps, to 1e-6; each all-reduce "
+                       "waited for before its step")
+
+
+@pytest.mark.parametrize(("train", "named"), [
+    (todo, "train_by_hand still raises NotImplementedError"),
+    (make(hooks=False), "no all-reduce ran: in the hook, start dist.all_reduce"),
+    (make(average=False), "the gradients are the sum over the 2 ranks, DDP's the mean: divide each by the world size"),
+    (make(wait=False), "104 all-reduces were still unwaited at optimizer.step()"),
+    (make(async_op=False), "104 all-reduces blocked backward (async_op=False)"),
+], ids=["todo", "no hooks", "summed", "never waited", "blocking"])
+def test_each_mistake_is_named(train, named):
+    with pytest.raises(CheckFailed) as err:
+        by_hand.by_hand(train, batches_of, VOCAB)
+    assert str(err.value).startswith(named), str(err.value)

@@ -1,0 +1,95 @@
+"""A notebook becomes an episode page: its time, objectives, exercise boxes, folded solutions and key points."""
+
+from __future__ import annotations
+
+import nbformat
+
+from workshop_lib.lab import episodes, site
+
+EXERCISE = '''def make_sampler(dataset, env):
+    # TODO: return a sampler that gives this rank its own shard.
+    #       Read: section 1 above.
+    ### BEGIN SOLUTION
+    return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank)
+    ### END SOLUTION
+'''
+
+
+def tiny_notebook(tmp_path, first: str = "# 07 — A tiny lab\n\n**Time: about 9 minutes.**\n\nYou will shard data."):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["lab"] = {"step": "an optional part", "outcome": "a sampler"}
+    nb.cells = [nbformat.v4.new_markdown_cell(first, id="first"),
+                nbformat.v4.new_raw_cell('"""Step 7."""', id="doc", metadata={"tags": ["script:step7_tiny"]}),
+                nbformat.v4.new_markdown_cell("## 1. Sharding (5 min)\n\nText.", id="s1"),
+                nbformat.v4.new_code_cell(EXERCISE, id="ex", metadata={"tags": ["script:step7_tiny"]}),
+                nbformat.v4.new_code_cell("check.shards(make_sampler)", id="check"),
+                nbformat.v4.new_markdown_cell("## Recap (1 min)\n\n* one\n* two\n\nNext: 08.", id="recap")]
+    path = tmp_path / "07_tiny.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_notebook_is_described_by_what_it_states(tmp_path):
+    ep = episodes.describe(tiny_notebook(tmp_path))
+    assert (ep.name, ep.title, ep.stated, ep.exercises, ep.scripts) == ("07_tiny", "A tiny lab", 9, 1, ["step7_tiny"])
+    assert ep.sections == [("1. Sharding (5 min)", 5), ("Recap (1 min)", 1)]
+    assert not ep.core and ep.exercise_notebook == "exercises/07_tiny.ipynb" and ep.outcome == "a sampler"
+
+
+def test_the_page_holds_the_boxes_and_folds_the_solution(tmp_path):
+    ep = episodes.describe(tiny_notebook(tmp_path))
+    nb = episodes.episode_notebook(ep, ["Why a shard?"])
+    text = [c.source for c in nb.cells]
+    assert text[0] == "# 07 — A tiny lab\n\n**Time: about 9 minutes.**\n"
+    assert text[1] == ":::{objectives}\nYou will shard data.\n:::\n"
+    card = text[2]
+    assert "**Time:** about 9 minutes" in card
+    assert "{download}`exercises/07_tiny.ipynb <../../exercises/07_tiny.ipynb>`" in card
+    assert ":::{questions}\n- Why a shard?\n:::" in card and "| 1. Sharding (5 min) | 5 min |" in card
+    assert text[3] == '```python\n"""Step 7."""\n```'  # the raw cell, shown as Python
+    box = next(c for c in nb.cells if c.get("id") == "ex-exercise")
+    assert box.source.startswith(":::{exercise} Exercise: `make_sampler`\nReturn a sampler that gives this rank its own "
+                                 "shard. Read: section 1 above.")
+    solution = next(c for c in nb.cells if c.get("id") == "ex")
+    assert "hide-input" in solution.metadata["tags"]
+    assert solution.metadata["mystnb"]["code_prompt_show"] == "Show the solution"
+    assert text[-1] == "## Recap (1 min)\n\n:::{keypoints}\n* one\n* two\n:::\n\nNext: 08."
+    assert nbformat.read(ep.path, as_version=4).cells[3].metadata["tags"] == ["script:step7_tiny"]  # source untouched
+
+
+def test_what_follows_the_time_is_the_objectives_else_the_outcome():
+    head, goals = episodes.objectives("# 07 — X\n\n**Time: about 9 minutes.**", "a trained model")
+    assert (head, goals) == ("# 07 — X\n\n**Time: about 9 minutes.**\n", "At the end you have a trained model.")
+    head, goals = episodes.objectives("# 07 — X\n\n**Time: about 9 minutes.** A tour of it.\n\n* a\n* b")
+    assert (head, goals) == ("# 07 — X\n\n**Time: about 9 minutes.**\n", "A tour of it.\n\n* a\n* b")
+
+
+def test_every_span_of_a_cell_has_its_hint():
+    two = EXERCISE + "    # TODO: and leave the group.\n    ### BEGIN SOLUTION\n    pass\n    ### END SOLUTION\n"
+    assert episodes.hints(two) == ["Return a sampler that gives this rank its own shard. Read: section 1 above.",
+                                   "And leave the group."]
+
+
+def test_pages_of_notebooks_that_are_gone_are_removed(tmp_path, monkeypatch):
+    source = tiny_notebook(tmp_path)
+    monkeypatch.setattr(episodes.build, "source_notebooks", lambda: [source])
+    dest = tmp_path / "episodes"
+    dest.mkdir()
+    (dest / "04_beyond.ipynb").write_text("{}")
+    written = episodes.write_episodes({}, dest)
+    assert [p.name for p in written] == ["07_tiny.ipynb"] and sorted(p.name for p in dest.iterdir()) == ["07_tiny.ipynb"]
+    before = (dest / "07_tiny.ipynb").stat().st_mtime_ns
+    episodes.write_episodes({}, dest)
+    assert (dest / "07_tiny.ipynb").stat().st_mtime_ns == before  # unchanged: not rewritten, Sphinx skips it
+
+
+def test_the_schedule_and_the_readme_rows_come_from_the_notebooks(tmp_path, monkeypatch):
+    source = tiny_notebook(tmp_path)
+    monkeypatch.setattr(episodes.build, "source_notebooks", lambda: [source])
+    table = site.schedule("all")
+    assert "| {doc}`07_tiny </episodes/07_tiny>`: A tiny lab | ~9 min | a sampler |" in table
+    assert table.endswith("| **total**: 1 notebook(s) | **9 min** | |")
+    assert site.schedule("core").splitlines()[-1] == "| **total**: 0 notebook(s) | **0 min** | |"
+    assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | 5 min | |" in site.schedule("all", sections=True)
+    assert site.readme_rows() == "| `07_tiny` | A tiny lab | ~9 min | `solutions/step7_tiny.py` |"
+    assert episodes.hours(130) == "2 h 10 min"

@@ -1,0 +1,67 @@
+"""workshop_lib.lab.proctree: the workers' records read back, the facts printed and asserted, both trees drawn."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+import pytest
+
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import proctree
+
+matplotlib.use("Agg")
+
+
+def record(rank: int, parent: int = 100, listens=(29500,), command="python -m torch.distributed.run") -> str:
+    env = dict.fromkeys(proctree.SHOWN)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
+               MASTER_ADDR="localhost", MASTER_PORT="29500", TORCHELASTIC_RESTART_COUNT="0")
+    return f"[rank {rank}] rank {rank} of 2: " + proctree.MARK + json.dumps(
+        {"pid": 200 + rank, "parent": parent, "parent_command": command, "parent_listens": list(listens), "env": env})
+
+
+def test_one_node_prints_what_the_records_show_and_draws_it(capsys):
+    fig = proctree.one_node(["$ torchrun ...", record(1), record(0)])  # in any order
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "torchrun is the agent: pid 100 started all 2 workers and hosts the store they joined at MASTER_PORT",
+        "rank 0: RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0",
+        "rank 1: RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 GROUP_RANK=0"]
+    texts = " ".join(t.get_text() for t in fig.axes[0].texts)
+    assert "torchrun = the agent" in texts and "TORCHELASTIC_RESTART_COUNT=0" in texts and "pid 201" in texts
+
+
+@pytest.mark.parametrize(("records", "message"), [
+    ([record(0, parent=100), record(1, parent=101)], "the workers have several parents"),
+    ([record(0, listens=()), record(1, listens=())], "does not host MASTER_PORT"),
+    ([record(0, command="python train.py"), record(1, command="python train.py")], "not torchrun"),
+])
+def test_one_node_refuses_a_tree_that_is_not_torchruns(records, message):
+    with pytest.raises(AssertionError, match=message):
+        proctree.one_node(records)
+
+
+def test_no_record_in_the_output_is_one_line():
+    with pytest.raises(WorkshopError, match=r"print proctree.worker_record\(\) in each worker"):
+        proctree.read_records(["[rank 0] hello"])
+
+
+def test_worker_record_describes_this_process_and_its_parent():
+    line = proctree.worker_record()
+    assert line.startswith(proctree.MARK)
+    rec = json.loads(line[len(proctree.MARK):])
+    assert rec["pid"] == os.getpid() and rec["parent"] == os.getppid()
+    assert set(rec["env"]) == set(proctree.SHOWN)
+
+
+def test_two_nodes_numbers_the_workers_node_after_node(capsys):
+    assert [proctree.global_rank(node, 2, local) for node in (0, 1) for local in (0, 1)] == [0, 1, 2, 3]
+    fig = proctree.two_nodes(nnodes=2, nproc_per_node=2)
+    assert capsys.readouterr().out == ("RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK: node 0 holds ranks 0, 1; "
+                                       "node 1 holds ranks 2, 3\n")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "LOCAL_RANK=1\nRANK=1x2+1=3" in texts
+    proctree.two_nodes(nnodes=3, nproc_per_node=4)
+    assert "node 2 holds ranks 8, 9, 10, 11" in capsys.readouterr().out

@@ -1,0 +1,197 @@
+"""The check of notebook 04b's optional exercise: data parallelism by hand, each gradient all-reduced as it is made.
+
+The learner's ``train_by_hand(model, optimizer, batches)`` registers a hook per
+parameter (``Tensor.register_post_accumulate_grad_hook``) that starts an
+asynchronous all-reduce of its gradient, and waits for the handles before each
+``optimizer.step()``. :func:`by_hand` runs it on 2 forked ranks next to DDP and
+next to the plain version that all-reduces every gradient after ``backward()``
+(:func:`after_backward`), from the same weights on the same batches with SGD:
+the weights must match DDP's to 1e-6, and every all-reduce must have been waited
+for before the step that uses it. It prints each version's step time against
+DDP's. Same contract as ``workshop_lib.checks.common``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from workshop_lib.checks.common import CheckFailed, _passed, run_forked
+from workshop_lib.debug.patching import patched
+from workshop_lib.errors import first_line
+
+LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
+
+
+def after_backward(model, optimizer, batches) -> None:
+    """The version without overlap: backward() first, then one blocking all-reduce per gradient."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    world = dist.get_world_size()
+    for b in batches:
+        F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad.div_(world))  # the mean over the ranks, once backward has finished
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _with_ddp(model, optimizer, batches) -> None:
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model)
+    for b in batches:
+        F.binary_cross_entropy_with_logits(ddp(b.tokens, b.lengths), b.labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+class _Watch:
+    """Wraps the handles of async all-reduces; at each optimizer step, notes those not yet waited for."""
+
+    def __init__(self):
+        self.handles: list = []
+        self.blocking = self.started = self.unwaited = 0
+        self.first_grad: torch.Tensor | None = None
+
+    def all_reduce(self, real):
+        def spy(tensor, *args, **kwargs):
+            work = real(tensor, *args, **kwargs)
+            self.started += 1
+            if work is None:
+                self.blocking += 1
+                return None
+            handle = _Handle(work)
+            self.handles.append(handle)
+            return handle
+        return spy
+
+    def step(self, model, real):
+        def spy(*args, **kwargs):
+            self.unwaited += sum(not h.waited for h in self.handles)
+            self.handles.clear()
+            if self.first_grad is None:
+                self.first_grad = torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
+            return real(*args, **kwargs)
+        return spy
+
+
+class _Handle:
+    def __init__(self, work):
+        self.work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None):
+    """Fresh weights (the same on every rank), SGD, ``fn``; per-step times, the weights, the watch."""
+    import torch.distributed as dist
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = SmilesLSTM(vocab, dropout=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    times, last = [], [time.perf_counter()]
+
+    def stamp(real):
+        def spy(*args, **kwargs):
+            out = real(*args, **kwargs)
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+            return out
+        return spy
+
+    with contextlib.ExitStack() as spies:
+        spies.enter_context(patched(optimizer, "step", stamp))
+        if watch is not None:
+            spies.enter_context(patched(optimizer, "step", lambda real: watch.step(model, real)))
+            spies.enter_context(patched(dist, "all_reduce", watch.all_reduce))
+        dist.barrier()  # start together
+        last[0] = time.perf_counter()
+        fn(model, optimizer, batches)
+    return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
+def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rounds: int):
+    from workshop_lib.debug import hangwatch
+
+    # An error in the learner's hook surfaces in backward(), where the hang watch would print its block about a
+    # failed collective; this check names the error itself (every rank runs the same code: nothing can wait alone).
+    hangwatch.uninstall()
+    batches = batches_of(env.rank) * rounds  # more steps for the medians; the same batches for every version
+    ddp_times, ddp_weights = _timed(_with_ddp, vocab, batches)
+    plain_times, _ = _timed(after_backward, vocab, batches)
+    watch = _Watch()
+    try:
+        hand_times, hand_weights = _timed(train_by_hand, vocab, batches, watch)
+    except NotImplementedError:
+        return {"status": "todo"}
+    except Exception as err:  # the check names it
+        return {"status": "error", "error": f"{type(err).__name__}: {first_line(err, 300)}"}
+    # DDP's first gradient, for a learner's that differs: one SGD step of the same start
+    first = _first_ddp_grad(vocab, batches[0])
+    return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
+            "hand_weights": hand_weights, "blocking": watch.blocking, "started": watch.started,
+            "unwaited": watch.unwaited, "first_grad": watch.first_grad, "ddp_first_grad": first}
+
+
+def _first_ddp_grad(vocab: int, b) -> torch.Tensor:
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    ddp = DDP(SmilesLSTM(vocab, dropout=0.0))
+    F.binary_cross_entropy_with_logits(ddp(b.tokens, b.lengths), b.labels).backward()
+    return torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
+
+
+def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: int = 2, rounds: int = 2,
+            timeout: float = 60) -> None:
+    """Run the learner's ``train_by_hand`` next to DDP and :func:`after_backward` (``rounds`` passes over each
+    rank's ``batches_of(rank)``); compare the weights, time the steps, say what is wrong."""
+    ranks = run_forked(_on_rank, nprocs, train_by_hand, batches_of, vocab, rounds, timeout=timeout,
+                       name="train_by_hand")
+    bad = next((r for r in ranks if r["status"] != "ok"), None)
+    if bad is not None and bad["status"] == "todo":
+        raise CheckFailed("train_by_hand still raises NotImplementedError: fill in its TODOs and run its cell again")
+    if bad is not None:
+        raise CheckFailed(f"train_by_hand raised {bad['error']}")
+    r = ranks[0]
+    n = len(r["hand"])
+    if r["started"] == 0:
+        raise CheckFailed("no all-reduce ran: in the hook, start dist.all_reduce of param.grad with async_op=True")
+    if r["blocking"]:
+        raise CheckFailed(f"{r['blocking']} all-reduces blocked backward (async_op=False): start them with "
+                          "async_op=True, keep the handles, and wait for them after backward()")
+    if r["unwaited"]:
+        raise CheckFailed(f"{r['unwaited']} all-reduces were still unwaited at optimizer.step(): the step may read a "
+                          "gradient before its all-reduce ends; wait() on every handle after backward(), then clear them")
+    gap = (r["hand_weights"] - r["ddp_weights"]).abs().max().item()
+    if gap > 1e-6:
+        first, reference = r["first_grad"], r["ddp_first_grad"]
+        if first is not None and torch.allclose(first, nprocs * reference, atol=1e-6):
+            raise CheckFailed(f"the gradients are the sum over the {nprocs} ranks, DDP's the mean: divide each by "
+                              "the world size")
+        raise CheckFailed(f"after {n} steps the weights differ from DDP's by {gap:.1e}: each gradient must be "
+                          "all-reduced exactly once per backward, and averaged over the ranks")
+    per_step = r["started"] // n
+    ddp = statistics.median(r["ddp"][2:])
+    print(f"step time against DDP's (1 all-reduce a step: one bucket), median of {n - 2} steps: by hand with "
+          f"overlap {statistics.median(r['hand'][2:]) / ddp:.2f}x, after backward "
+          f"{statistics.median(r['plain'][2:]) / ddp:.2f}x ({per_step} all-reduces a step, one per parameter)")
+    _passed(f"train_by_hand: the weights of DDP after {n} steps, to 1e-6; each all-reduce waited for before its step")

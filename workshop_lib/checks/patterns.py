@@ -1,0 +1,252 @@
+"""The exercise checks of notebook 04a (patterns of real jobs): each runs the learner's code and names the mistake.
+
+* :func:`allreduce_count`: the learner's prediction of how many all-reduces DDP runs
+  in an accumulation of micro-batches, against the ones recorded
+  (:func:`recording_allreduces`, with :mod:`workshop_lib.checks.record`'s Recorder);
+* :func:`accumulation`: a training loop that accumulates gradients with ``no_sync``;
+* :func:`snapshots`: step 4's ``train``, run twice on one ``--out``: the second run
+  must resume after the first one's last epoch.
+
+The two-node command has its own module, :mod:`workshop_lib.checks.nodes`. Same
+contract as ``workshop_lib.checks.common``: a tick line when the learner's code
+works, else CheckFailed with one line naming the mistake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from workshop_lib.checks.common import CheckFailed, _passed, run_forked
+from workshop_lib.checks.record import Recorder
+from workshop_lib.errors import first_line
+
+LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
+
+
+def _weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+
+
+def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
+    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = DDP(SmilesLSTM(vocab, dropout=0.0))  # no dropout: the weights can be compared exactly
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    allreduces = []
+
+    def counting_hook(state, bucket):  # DDP calls it for each bucket it all-reduces
+        if bucket.index() == 0:
+            allreduces.append(1)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    try:
+        train_accumulating(model, optimizer, batches_of(env.rank), accum)
+    except NotImplementedError:
+        return "todo", None, None
+    except Exception as err:  # any mistake becomes the check's one line
+        first = first_line(err, 10_000)
+        return "error", f"{type(err).__name__}: {first}", None
+    return "ok", len(allreduces), _weights(model.module)
+
+
+def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
+               zero_grad: bool = True) -> torch.Tensor:
+    """One process, one SGD step per big batch (all ranks' k-th group of micro-batches together)."""
+    import torch.nn.functional as F
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = SmilesLSTM(vocab, dropout=0.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    per_rank = [batches_of(r) for r in range(nprocs)]
+    for start in range(0, len(per_rank[0]), accum):
+        group = [b for rank in per_rank for b in rank[start:start + accum]]
+        n = sum(len(b.labels) for b in group)
+        loss = sum(F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels, reduction="sum")
+                   for b in group) / n
+        (loss * scale).backward()
+        optimizer.step()
+        if zero_grad:
+            optimizer.zero_grad()
+    return _weights(model)
+
+
+def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int = 4,
+                 nprocs: int = 2, timeout: float = 90) -> None:
+    """Run ``train_accumulating(model, optimizer, batches, accum)`` on ``nprocs`` forked ranks.
+
+    ``batches_of(rank)`` gives that rank's micro-batches (a multiple of
+    ``accum``, all the same size). Afterwards every rank must hold the weights
+    of one process that took one SGD step per group of ``accum`` micro-batches
+    of every rank, as one big batch, and DDP must have all-reduced once per step.
+    """
+    ranks = run_forked(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum, timeout=timeout,
+                         name="train_accumulating")
+    status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
+    if status == "todo":
+        raise CheckFailed("train_accumulating still raises NotImplementedError: fill in its TODO and run its cell again")
+    if status == "error":
+        raise CheckFailed(f"train_accumulating raised {detail}")
+    n_batches = len(batches_of(0))
+    steps = n_batches // accum
+    count = ranks[0][1]
+    weights = [r[2] for r in ranks]
+    if any(not torch.equal(w, weights[0]) for w in weights):
+        if count == 0:
+            raise CheckFailed("the replicas drifted apart with 0 all-reduces: the last micro-batch of each step must "
+                              "run its forward and backward outside model.no_sync()")
+        raise CheckFailed("the replicas drifted apart: a step used gradients that were not all-reduced; only the last "
+                          "micro-batch before each optimizer.step() may run outside model.no_sync()")
+    if count == n_batches:
+        raise CheckFailed(f"{count} all-reduces for {n_batches} micro-batches: run the forward and backward of all but "
+                          "the last micro-batch of each step inside `with model.no_sync():` (the forward too)")
+    if count != steps:
+        raise CheckFailed(f"{count} all-reduces for {steps} optimizer steps: exactly one backward per step, the last "
+                          "before optimizer.step(), must run outside model.no_sync()")
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum), atol=1e-5):
+        _passed(f"train_accumulating: {steps} steps of {accum} micro-batches x {nprocs} ranks, {count} all-reduces, "
+                "and the weights of one process stepping on the big batches")
+        return
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum, scale=accum), atol=1e-5):
+        raise CheckFailed(f"each step moved {accum}x too far: divide every micro-batch's loss by accum ({accum}), "
+                          "so that the accumulated gradient is the mean over the big batch")
+    if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum, zero_grad=False), atol=1e-5):
+        raise CheckFailed("each step also added the previous steps' gradients: call optimizer.zero_grad() after "
+                          "every optimizer.step()")
+    raise CheckFailed(f"the weights differ from {steps} steps of one process on the big batches: step and zero the "
+                      f"gradients once every {accum} micro-batches, after the last one's backward")
+
+
+# ------------------------------------------------------------------ all-reduces, predicted and counted
+
+
+class _AllReduces:
+    """An observer of :mod:`workshop_lib.debug.collectives`: each all_reduce, and the backward() it ran in."""
+
+    def __init__(self, rec: Recorder):
+        self.rec, self.backwards, self.inside = rec, 0, False
+
+    def enter(self, op: str, args: tuple, kwargs: dict) -> str | None:
+        if op == "backward":
+            self.backwards += 1
+            self.inside = True
+        elif op == "all_reduce":
+            self.rec.add("collective", name="all_reduce", phase="enter", backward=self.backwards if self.inside else None)
+        return op
+
+    def leave(self, token: str | None, error: BaseException | None) -> None:
+        if token == "backward":
+            self.inside = False
+
+
+@contextlib.contextmanager
+def recording_allreduces(model) -> Iterator[list[dict]]:
+    """Record every all-reduce DDP runs for ``model`` while the block runs; yields the list of events.
+
+    DDP all-reduces its gradient buckets in C++; with torch's own ``allreduce_hook`` registered (which
+    changes nothing in what DDP computes) each bucket goes through ``dist.all_reduce``, where the
+    recorder sees it, with the number of the ``backward()`` it ran in.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from workshop_lib.debug import collectives
+
+    model.register_comm_hook(None, default_hooks.allreduce_hook)
+    rec = Recorder()
+    with collectives.observing(_AllReduces(rec)):
+        yield rec.events
+
+
+def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
+    """Compare the learner's prediction with the all-reduces recorded in ``backwards`` backward() calls."""
+    if predicted is None or isinstance(predicted, bool) or not isinstance(predicted, int):
+        raise CheckFailed(f"predicted_allreduces is {predicted!r}: write your prediction as a whole number first")
+    ran = [e for e in events if e.get("name") == "all_reduce"]
+    where = ", ".join(str(e["backward"]) for e in ran if e.get("backward")) or "none"
+    seen = (f"DDP ran {len(ran)} all-reduce{'s' if len(ran) != 1 else ''} in {backwards} backward() calls "
+            f"(in backward {where})")
+    if predicted != len(ran):
+        hint = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"
+                if predicted > len(ran) else "every backward() outside no_sync() all-reduces the gradients it finds")
+        raise CheckFailed(f"you predicted {predicted}; {seen}: {hint}")
+    _passed(f"{seen}: inside no_sync() backward() only adds into .grad, and the last one all-reduces the sum")
+
+
+# ------------------------------------------------------------------------------- snapshots (step 4)
+
+
+def _train_twice(env, train: Callable, out: str, epochs: tuple[int, ...]) -> list[tuple[str, dict | None, int | None]]:
+    """``train`` for each number of epochs in turn, on one --out: (rank 0's lines, metrics, epochs in the snapshot)."""
+    from workshop_lib.config import TrainConfig
+
+    runs = []
+    for n in epochs:
+        cfg = TrainConfig(limit=400, epochs=n, out=Path(out), progress=False, tensorboard=False, timeout=30)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            metrics = train(cfg, env)
+        snapshot = Path(out) / "snapshot.pt"
+        done = torch.load(snapshot, weights_only=True)["epoch"] + 1 if snapshot.is_file() else None
+        runs.append((printed.getvalue(), metrics, done))
+        if done != n:  # the check stops here: no second run without the first one's snapshot
+            break
+    return runs
+
+
+def _trained(printed: str) -> list[int]:
+    return [int(m.group(1)) for m in re.finditer(r"^epoch (\d+)/\d+ ", printed, re.M)]
+
+
+def snapshots(train: Callable, first: int = 2, then: int = 3, timeout: float = 120) -> None:
+    """Run ``train`` on 2 forked ranks for ``first`` epochs, then for ``then`` epochs with the same ``--out``.
+
+    Prints what each run did; passes when the first run left a snapshot of its last epoch and the second
+    resumed from it, trained only the epochs after it, and reports all of them.
+    """
+    out = Path(tempfile.mkdtemp(prefix="step4-check-"))
+    try:
+        runs = run_forked(_train_twice, 2, train, str(out), (first, then), timeout=timeout, name="train")[0]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    for epochs, (printed, _, done) in zip((first, then), runs, strict=False):
+        resumed = next((line for line in printed.splitlines() if line.startswith("resuming from")), None)
+        trained = _trained(printed)
+        print(f"--epochs {epochs}: " + (re.sub(r"from \S*snapshot\.pt", "from snapshot.pt", resumed) + "; "
+                                         if resumed else "") +
+              f"trained epoch{'s' if len(trained) != 1 else ''} {', '.join(map(str, trained)) or 'none'}; "
+              + (f"snapshot.pt holds epoch {done}" if done else "no snapshot.pt"))
+        if done is None:
+            raise CheckFailed(f"no snapshot.pt in --out after {epochs} epochs: call checkpoint.save(...) at the end "
+                              "of every epoch, on every rank (rank 0 writes the file)")
+        if done != epochs:
+            raise CheckFailed(f"after {epochs} epochs the snapshot holds epoch {done}: save at the end of every "
+                              "epoch, with that epoch's number")
+    printed, metrics, _ = runs[1]
+    if not _trained(printed) or _trained(printed)[0] == 1:
+        if "resuming from" not in printed:
+            raise CheckFailed("the second run started again from epoch 1: before the loop, load the latest snapshot "
+                              "(checkpoint.load_latest) and restore it (checkpoint.restore)")
+        raise CheckFailed("the second run found the snapshot but trained from epoch 1 again: start the loop at the "
+                          "epoch checkpoint.restore returns")
+    history = [row["epoch"] + 1 for row in (metrics or {}).get("history", [])]
+    if history != list(range(1, then + 1)):
+        raise CheckFailed(f"metrics.json holds epochs {history}, not 1 to {then}: restore the report too "
+                          "(checkpoint.restore(latest, env, raw_model, optimizer, best, report))")
+    _passed(f"train: the second run resumed after epoch {first} and trained only epoch"
+            f"{'s' if then - first > 1 else ''} {', '.join(map(str, range(first + 1, then + 1)))}; "
+            f"metrics.json holds all {then}")

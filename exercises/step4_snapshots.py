@@ -77,6 +77,9 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
                          cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
     check_shardable(len(splits.train), env.world_size)
+    # TODO: load the latest snapshot of --out, None if there is none, before anything is written (a bad --resume
+    #       must leave no half-made run behind). Read: 04a's table, section 4
+    raise NotImplementedError("fill in the TODO above")
     report = Reporter(cfg, "step4_snapshots", env.device, env)
 
     sampler = make_sampler(splits.train, cfg, env)
@@ -91,8 +94,8 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
 
     best = BestModel()
-    # TODO: resume: load the latest snapshot of --out (None if there is none) and restore the plain model, the
-    #       optimizer, `best` and `report` from it; `start` is the first epoch still to train. Read: 04a's table, section 4
+    # TODO: resume: restore the plain model, the optimizer, `best` and `report` from `latest`; `start` is the first
+    #       epoch still to train. Read: 04a's table, section 4
     raise NotImplementedError("fill in the TODO above")
     for epoch in range(start, cfg.epochs):
         checkpoint.seed_epoch(cfg.seed, epoch, env.rank)  # the same dropout masks, restarted or not

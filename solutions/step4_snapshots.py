@@ -76,6 +76,7 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
                          cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
     check_shardable(len(splits.train), env.world_size)
+    latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))  # None: no snapshot, start afresh
     report = Reporter(cfg, "step4_snapshots", env.device, env)
 
     sampler = make_sampler(splits.train, cfg, env)
@@ -90,7 +91,6 @@ def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
     report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
 
     best = BestModel()
-    latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))  # None: no snapshot, start afresh
     start = checkpoint.restore(latest, env, raw_model, optimizer, best, report)  # 0, or the epoch after the snapshot
     for epoch in range(start, cfg.epochs):
         checkpoint.seed_epoch(cfg.seed, epoch, env.rank)  # the same dropout masks, restarted or not

@@ -13,8 +13,8 @@ from tests.conftest import SOLUTIONS
 ONLY_IN_STEP3 = ["from workshop_lib import distributed", 'report = Reporter(cfg, "step3_ddp", env.device, env)',
                  "for epoch in range(cfg.epochs):"]
 ONLY_IN_STEP4 = ["from workshop_lib import checkpoint, distributed",
+                 "latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))",  # before anything is written
                  'report = Reporter(cfg, "step4_snapshots", env.device, env)',
-                 "latest = checkpoint.load_latest(cfg, env, len(splits.tokenizer))",
                  "start = checkpoint.restore(latest, env, raw_model, optimizer, best, report)",
                  "for epoch in range(start, cfg.epochs):",
                  "checkpoint.seed_epoch(cfg.seed, epoch, env.rank)",

@@ -19,21 +19,21 @@ QUICK = ["--limit", "300", "--no-progress", "--no-tensorboard"]
 
 
 @pytest.fixture
-def step3(monkeypatch):
+def step4(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank does; the tiny model gains nothing from more
-    yield load_step("step3_ddp")
+    yield load_step("step4_snapshots")
     torch.set_num_threads(threads)
 
 
-def train(step3, out, *args) -> dict:
-    return step3.main([*QUICK, "--out", str(out), *args])
+def train(step4, out, *args) -> dict:
+    return step4.main([*QUICK, "--out", str(out), *args])
 
 
-def fail(step3, capsys, *args) -> str:
-    """Run step 3 expecting a user error; return its one line."""
-    code = run_cli(step3.main, [*QUICK, *args])
+def fail(step4, capsys, *args) -> str:
+    """Run step 4 expecting a user error; return its one line."""
+    code = run_cli(step4.main, [*QUICK, *args])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("error: "), err
@@ -41,8 +41,8 @@ def fail(step3, capsys, *args) -> str:
 
 
 @pytest.mark.timeout(120)
-def test_snapshot_holds_everything_and_loads_weights_only(step3, tmp_path):
-    train(step3, tmp_path, "--epochs", "2")
+def test_snapshot_holds_everything_and_loads_weights_only(step4, tmp_path):
+    train(step4, tmp_path, "--epochs", "2")
     snap = torch.load(tmp_path / checkpoint.SNAPSHOT, weights_only=True)
     assert snap["epoch"] == 1 and snap["sampler_epoch"] == 1 and snap["world_size"] == 1 and snap["epochs"] == 2
     assert {"model", "optimizer", "best", "report", "fingerprint"} <= snap.keys()
@@ -57,32 +57,32 @@ def test_snapshot_holds_everything_and_loads_weights_only(step3, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_resume_continues_exactly_where_it_stopped(step3, tmp_path, capsys):
-    train(step3, tmp_path / "a", "--epochs", "2")
-    resumed = train(step3, tmp_path / "a", "--epochs", "3")
+def test_resume_continues_exactly_where_it_stopped(step4, tmp_path, capsys):
+    train(step4, tmp_path / "a", "--epochs", "2")
+    resumed = train(step4, tmp_path / "a", "--epochs", "3")
     assert "resuming from" in capsys.readouterr().out
-    straight = train(step3, tmp_path / "b", "--epochs", "3")
+    straight = train(step4, tmp_path / "b", "--epochs", "3")
     assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in straight["history"]]
     assert [h["dev_roc_auc"] for h in resumed["history"]] == [h["dev_roc_auc"] for h in straight["history"]]
     assert (resumed["best_epoch"], resumed["heldout_roc_auc"]) == (straight["best_epoch"], straight["heldout_roc_auc"])
 
 
 @pytest.mark.timeout(120)
-def test_resume_from_an_explicit_path_into_a_new_out(step3, tmp_path):
-    train(step3, tmp_path / "a", "--epochs", "1")
-    m = train(step3, tmp_path / "b", "--epochs", "2", "--resume", str(tmp_path / "a" / checkpoint.SNAPSHOT))
+def test_resume_from_an_explicit_path_into_a_new_out(step4, tmp_path):
+    train(step4, tmp_path / "a", "--epochs", "1")
+    m = train(step4, tmp_path / "b", "--epochs", "2", "--resume", str(tmp_path / "a" / checkpoint.SNAPSHOT))
     assert [h["epoch"] for h in m["history"]] == [0, 1]
     assert json.loads((tmp_path / "b" / "metrics.json").read_text())["epochs"] == 2
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_corrupt_snapshot_is_one_line(step3, tmp_path, capsys, damage):
-    train(step3, tmp_path, "--epochs", "1")
+def test_a_corrupt_snapshot_is_one_line(step4, tmp_path, capsys, damage):
+    train(step4, tmp_path, "--epochs", "1")
     path = tmp_path / checkpoint.SNAPSHOT
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage])
-    err = fail(step3, capsys, "--epochs", "2", "--out", str(tmp_path))
+    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
     assert f"snapshot {path} is corrupt" in err and "choose another --out" in err
 
 
@@ -95,49 +95,49 @@ class _Payload:
 
 
 @pytest.mark.timeout(60)
-def test_a_snapshot_with_code_in_it_is_refused_without_running_it(step3, tmp_path, capsys):
+def test_a_snapshot_with_code_in_it_is_refused_without_running_it(step4, tmp_path, capsys):
     marker = tmp_path / "pwned"
     torch.save({"format": 1, "model": _Payload(str(marker))}, tmp_path / "evil.pt")
-    err = fail(step3, capsys, "--resume", str(tmp_path / "evil.pt"), "--out", str(tmp_path / "out"))
+    err = fail(step4, capsys, "--resume", str(tmp_path / "evil.pt"), "--out", str(tmp_path / "out"))
     assert "is corrupt or not a snapshot" in err
     assert not marker.exists()
 
 
 @pytest.mark.timeout(60)
-def test_a_file_that_is_not_a_snapshot(step3, tmp_path, capsys):
+def test_a_file_that_is_not_a_snapshot(step4, tmp_path, capsys):
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
-    err = fail(step3, capsys, "--resume", str(tmp_path / "other.pt"), "--out", str(tmp_path / "out"))
+    err = fail(step4, capsys, "--resume", str(tmp_path / "other.pt"), "--out", str(tmp_path / "out"))
     assert "is not a workshop snapshot" in err
 
 
 @pytest.mark.timeout(60)
-def test_resume_from_a_missing_file(step3, tmp_path, capsys):
-    err = fail(step3, capsys, "--resume", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "out"))
+def test_resume_from_a_missing_file(step4, tmp_path, capsys):
+    err = fail(step4, capsys, "--resume", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "out"))
     assert "nope.pt not found" in err
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.timeout(120)
-def test_another_model_size_is_refused(step3, tmp_path, capsys):
-    train(step3, tmp_path, "--epochs", "1", "--hidden", "16")
-    err = fail(step3, capsys, "--epochs", "2", "--out", str(tmp_path))
+def test_another_model_size_is_refused(step4, tmp_path, capsys):
+    train(step4, tmp_path, "--epochs", "1", "--hidden", "16")
+    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
     assert "belongs to another run (hidden 16 there, 32 now)" in err
 
 
 @pytest.mark.timeout(120)
-def test_another_world_size_is_refused(step3, tmp_path, capsys):
-    train(step3, tmp_path, "--epochs", "1")
+def test_another_world_size_is_refused(step4, tmp_path, capsys):
+    train(step4, tmp_path, "--epochs", "1")
     path = tmp_path / checkpoint.SNAPSHOT
     snap = torch.load(path, weights_only=True)
     snap["world_size"] = 2  # as if two processes had written it
     torch.save(snap, path)
-    err = fail(step3, capsys, "--epochs", "2", "--out", str(tmp_path))
+    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
     assert "was written by 2 processes, this run has 1" in err
 
 
 @pytest.mark.timeout(60)
-def test_a_failed_write_keeps_the_previous_snapshot(step3, tmp_path, monkeypatch):
-    train(step3, tmp_path, "--epochs", "1")
+def test_a_failed_write_keeps_the_previous_snapshot(step4, tmp_path, monkeypatch):
+    train(step4, tmp_path, "--epochs", "1")
     path = tmp_path / checkpoint.SNAPSHOT
     before = path.read_bytes()
 
@@ -146,7 +146,7 @@ def test_a_failed_write_keeps_the_previous_snapshot(step3, tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
-        train(step3, tmp_path, "--epochs", "2")
+        train(step4, tmp_path, "--epochs", "2")
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model.pt", checkpoint.SNAPSHOT]
 
@@ -164,42 +164,42 @@ def test_seed_epoch_depends_on_seed_epoch_and_rank_only():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("old_run", ["interrupted", "finished"])
-def test_another_learning_rate_never_resumes_the_old_run(step3, tmp_path, capsys, old_run):
+def test_another_learning_rate_never_resumes_the_old_run(step4, tmp_path, capsys, old_run):
     """Ctrl-C after epoch 1 of 3, or a finished 1-epoch run, then a rerun with --lr 1e-3: one line, both alike."""
-    train(step3, tmp_path, "--epochs", "1")
+    train(step4, tmp_path, "--epochs", "1")
     epochs = "3" if old_run == "interrupted" else "1"
-    err = fail(step3, capsys, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
+    err = fail(step4, capsys, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
     assert err == (f"error: snapshot {tmp_path / checkpoint.SNAPSHOT} belongs to another run (lr 0.008 there, "
                    f"0.001 now); rerun with its settings to resume it, or start a new run with --out elsewhere, "
                    f"or --fresh to replace it\n")
-    fresh = train(step3, tmp_path, "--epochs", epochs, "--lr", "1e-3", "--fresh")
+    fresh = train(step4, tmp_path, "--epochs", epochs, "--lr", "1e-3", "--fresh")
     assert "starting afresh" in capsys.readouterr().out
     assert fresh["config"]["lr"] == 1e-3 and len(fresh["history"]) == int(epochs)
     assert torch.load(tmp_path / checkpoint.SNAPSHOT, weights_only=True)["fingerprint"]["lr"] == 1e-3
 
 
 @pytest.mark.timeout(120)
-def test_another_data_file_with_the_same_vocabulary_never_resumes(step3, tmp_path, capsys, small_csv):
+def test_another_data_file_with_the_same_vocabulary_never_resumes(step4, tmp_path, capsys, small_csv):
     data = tmp_path / "data.csv"
     data.write_text(small_csv.read_text())
-    train(step3, tmp_path / "out", "--epochs", "1", "--data", str(data))
+    train(step4, tmp_path / "out", "--epochs", "1", "--data", str(data))
     lines = data.read_text().splitlines()
     num, name, label, smiles = lines[1].split(",", 3)
     lines[1] = ",".join([num, name, str(1 - int(label)), smiles])  # one label flipped: same molecules, same tokens
     data.write_text("\n".join(lines) + "\n")
-    err = fail(step3, capsys, "--epochs", "2", "--data", str(data), "--out", str(tmp_path / "out"))
+    err = fail(step4, capsys, "--epochs", "2", "--data", str(data), "--out", str(tmp_path / "out"))
     assert "belongs to another run (the data file's content)" in err
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("crash", ["heldout evaluation", "metrics write"])
-def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step3, tmp_path, capsys, monkeypatch, crash):
-    straight = train(step3, tmp_path / "straight", "--epochs", "2")
+def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step4, tmp_path, capsys, monkeypatch, crash):
+    straight = train(step4, tmp_path / "straight", "--epochs", "2")
     capsys.readouterr()
     if crash == "metrics write":
         target, name = __import__("workshop_lib.report", fromlist=["report"]), "write_metrics"
     else:
-        target, name = step3, "evaluate"
+        target, name = step4, "evaluate"
     real, calls = getattr(target, name), []
 
     def crashing(*args, **kwargs):
@@ -210,11 +210,11 @@ def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step3, tmp_
 
     monkeypatch.setattr(target, name, crashing)
     with pytest.raises(OSError, match="crash during"):
-        train(step3, tmp_path / "a", "--epochs", "2")
+        train(step4, tmp_path / "a", "--epochs", "2")
     monkeypatch.setattr(target, name, real)
     assert not (tmp_path / "a" / "metrics.json").exists()
     capsys.readouterr()
-    again = train(step3, tmp_path / "a", "--epochs", "2")
+    again = train(step4, tmp_path / "a", "--epochs", "2")
     out = capsys.readouterr().out
     assert "epoch 2/2 was done; all epochs are trained, but the final evaluation did not finish: running it" in out
     assert "train loss" not in out  # no epoch trained again
@@ -224,29 +224,29 @@ def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step3, tmp_
 
 
 @pytest.mark.timeout(120)
-def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step3, tmp_path, capsys):
-    first = train(step3, tmp_path, "--epochs", "1")
-    again = train(step3, tmp_path, "--epochs", "1")
+def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step4, tmp_path, capsys):
+    first = train(step4, tmp_path, "--epochs", "1")
+    again = train(step4, tmp_path, "--epochs", "1")
     out = capsys.readouterr().out
     assert "epoch 1/1 was done; the run had finished (metrics.json): evaluating it again, nothing to train" in out
     assert "train loss" not in out.split("resuming from")[1]
     assert again["history"] == first["history"] and again["heldout_roc_auc"] == first["heldout_roc_auc"]
-    longer = train(step3, tmp_path, "--epochs", "2")
+    longer = train(step4, tmp_path, "--epochs", "2")
     assert "resuming from" in capsys.readouterr().out
     assert longer["history"][0] == first["history"][0] and len(longer["history"]) == 2  # epoch 1 kept, 2 added
-    err = fail(step3, capsys, "--epochs", "1", "--out", str(tmp_path))
+    err = fail(step4, capsys, "--epochs", "1", "--out", str(tmp_path))
     assert "has 2 epochs trained, more than --epochs 1; pass --epochs 2 or more" in err
 
 
-def test_fresh_and_resume_together_are_refused(step3, capsys, tmp_path):
-    err = fail(step3, capsys, "--fresh", "--resume", str(tmp_path / "x.pt"), "--out", str(tmp_path / "out"))
+def test_fresh_and_resume_together_are_refused(step4, capsys, tmp_path):
+    err = fail(step4, capsys, "--fresh", "--resume", str(tmp_path / "x.pt"), "--out", str(tmp_path / "out"))
     assert "--fresh and --resume contradict each other" in err
 
 
 @pytest.mark.timeout(120)
-def test_fresh_does_not_throw_away_its_own_snapshot_after_a_torchrun_restart(step3, tmp_path, capsys, monkeypatch):
+def test_fresh_does_not_throw_away_its_own_snapshot_after_a_torchrun_restart(step4, tmp_path, capsys, monkeypatch):
     """torchrun --max-restarts reruns the same argv, --fresh included: round 2 must resume round 1's snapshot."""
-    train(step3, tmp_path, "--epochs", "1", "--lr", "1e-3", "--fresh")
+    train(step4, tmp_path, "--epochs", "1", "--lr", "1e-3", "--fresh")
     monkeypatch.setattr(checkpoint, "read_launch_env", lambda: distributed.LaunchEnv(restart_count=1))
-    resumed = train(step3, tmp_path, "--epochs", "2", "--lr", "1e-3", "--fresh")
+    resumed = train(step4, tmp_path, "--epochs", "2", "--lr", "1e-3", "--fresh")
     assert "resuming from" in capsys.readouterr().out and len(resumed["history"]) == 2

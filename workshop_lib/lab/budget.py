@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from workshop_lib.lab.spans import BEGIN
+
 WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE = 150, 15, 4
 _SECTION = re.compile(r"^## (?P<title>.+?)\s*$", re.M)
 _STATED_SECTION = re.compile(r"\((?:about )?(\d+) min\)\s*$")
 _STATED_NOTEBOOK = re.compile(r"\*\*Time: about (\d+) min(?:utes)?\b")
-_BEGIN = "### BEGIN SOLUTION"
 
 
 @dataclass
@@ -86,7 +87,7 @@ def cell_count(cell) -> Count:
         c.words = len(source.split())
     elif cell.cell_type == "code":
         c.code_lines = sum(1 for line in source.splitlines() if line.strip())
-        c.exercises = sum(1 for line in source.splitlines() if line.strip() == _BEGIN)
+        c.exercises = sum(1 for line in source.splitlines() if line.strip() == BEGIN)
         c.run_s = _run_seconds(cell)
     return c
 

@@ -8,31 +8,7 @@ outputs) are the source. From each this writes
 * exercises/NN_<topic>.ipynb: the notebook with outputs cleared and the
   solution spans replaced, the check cells kept.
 
-A solution span is nbgrader-style, with its hint just above::
-
-    # TODO: give each rank its own shard
-    ### BEGIN SOLUTION
-    sampler = DistributedSampler(...)
-    ### END SOLUTION
-
-The solution keeps the code and drops the TODO line and the markers; the
-exercise keeps the TODO line and raises NotImplementedError in place of the
-code. Raw cells tagged ``script:<name>`` go into the script only (the module
-docstring, the ``__main__`` guard): a notebook must not run them.
-
-A debugging lab is the other way round: the learner gets the broken code and
-no hint. Its span has a BROKEN block just above it instead of a TODO, the bug
-commented out (the solution notebook must not run it)::
-
-    ### BEGIN BROKEN
-    # spread = replica_spread(model) if rank == 0 else None
-    ### END BROKEN
-    ### BEGIN SOLUTION
-    spread = replica_spread(model)
-    ### END SOLUTION
-
-The solution drops the block; the exercise keeps its lines, uncommented, and
-drops the span.
+Solution spans (``### BEGIN SOLUTION``) and a debugging lab's broken blocks: lab/spans.py.
 
     python -m workshop_lib.build            # rewrite every generated file
     python -m workshop_lib.build --check    # exit 1 and name each stale file
@@ -51,112 +27,17 @@ from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab.execute import execute
+from workshop_lib.lab.spans import BROKEN_BEGIN, exercise_source, has_spans, solution_source
 from workshop_lib.paths import REPO_ROOT, write_atomic
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 SOLUTIONS = REPO_ROOT / "solutions"
 EXERCISES = REPO_ROOT / "exercises"
 MINE = REPO_ROOT / "runs" / "mine"  # where a learner's write_script puts their version (git-ignored)
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-BROKEN_BEGIN, BROKEN_END = "### BEGIN BROKEN", "### END BROKEN"  # a debugging lab's bug, just above its span
 SCRIPT_TAG = "script:"
 # The exercise versions leave names for the learner to define: no linting of what is left.
 EXERCISE_NOQA = "# ruff: noqa (exercise version: the TODOs leave names for you to define)"
-_TODO = re.compile(r"^\s*# TODO\b")
 _STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
-
-
-# ---------------------------------------------------------------------- solution spans
-
-
-def _hint_start(lines: list[str], begin: int) -> int | None:
-    """The first line of the hint above line ``begin``: a ``# TODO`` line, then any comment lines under it."""
-    i = begin - 1
-    while i >= 0 and lines[i].lstrip().startswith("#") and not _TODO.match(lines[i]):
-        i -= 1
-    return i if i >= 0 and _TODO.match(lines[i]) else None
-
-
-def _broken_start(lines: list[str], begin: int, where: str) -> int | None:
-    """The ``### BEGIN BROKEN`` line of the block that ends just above line ``begin``, if there is one."""
-    if begin == 0 or lines[begin - 1].strip() != BROKEN_END:
-        return None
-    i = begin - 2
-    while i >= 0 and lines[i].strip() != BROKEN_BEGIN:
-        if not lines[i].lstrip().startswith("#"):
-            raise WorkshopError(f"{where}: line {i + 1} of a '{BROKEN_BEGIN}' block is not commented out; "
-                                f"comment out the bug (the solution notebook must not run it)")
-        i -= 1
-    if i < 0:
-        raise WorkshopError(f"{where}: '{BROKEN_END}' on line {begin} has no '{BROKEN_BEGIN}' before it")
-    return i
-
-
-def _uncommented(line: str) -> str:
-    """A line of a BROKEN block as the exercise shows it: its first ``#`` (and one space after it) removed."""
-    code = line.lstrip()
-    indent = line[: len(line) - len(code)]
-    return (indent + code[1:].removeprefix(" ")).rstrip()
-
-
-def _spans(source: str, where: str) -> list[tuple[int, int, int]]:
-    """(hint, begin, end) line numbers of each solution span; a broken span is an error naming its cell.
-
-    ``hint`` is the span's TODO line, or the ``### BEGIN BROKEN`` line of a debugging lab's block.
-    """
-    lines, spans, begin, hint = source.splitlines(), [], None, None
-    for i, line in enumerate(lines):
-        marker = line.strip()
-        if marker == BEGIN:
-            if begin is not None:
-                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} inside another span; close it with '{END}'")
-            hint = _broken_start(lines, i, where)
-            hint = _hint_start(lines, i) if hint is None else hint
-            if hint is None:
-                raise WorkshopError(f"{where}: '{BEGIN}' on line {i + 1} needs a '# TODO: ...' hint just above "
-                                    f"(or, in a debugging lab, the bug in a '{BROKEN_BEGIN}' block)")
-            begin = i
-        elif marker == END:
-            if begin is None:
-                raise WorkshopError(f"{where}: '{END}' on line {i + 1} has no '{BEGIN}' before it")
-            spans.append((hint, begin, i))
-            begin = None
-    if begin is not None:
-        raise WorkshopError(f"{where}: '{BEGIN}' on line {begin + 1} is never closed with '{END}'")
-    return spans
-
-
-def solution_source(source: str, where: str = "cell") -> str:
-    """The code as it runs in the solution: hint lines and markers dropped."""
-    lines = source.splitlines()
-    drop = set()
-    for hint, begin, end in _spans(source, where):
-        drop |= set(range(hint, begin + 1)) | {end}
-    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
-
-
-def exercise_source(source: str, where: str = "cell") -> str:
-    """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO.
-
-    A span under a BROKEN block becomes the block's code instead (the bug, to be found).
-    """
-    lines = source.splitlines()
-    out, pos = [], 0
-    for hint, begin, end in _spans(source, where):
-        if lines[hint].strip() == BROKEN_BEGIN:
-            out += lines[pos:hint] + [_uncommented(line) for line in lines[hint + 1:begin - 1]]
-            pos = end + 1
-            continue
-        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-        out += lines[pos:begin]
-        out.append(f'{indent}raise NotImplementedError("fill in the TODO above")')
-        pos = end + 1
-    out += lines[pos:]
-    return "\n".join(out)
-
-
-def has_spans(source: str) -> bool:
-    return any(line.strip() == BEGIN for line in source.splitlines())
 
 
 # ------------------------------------------------------------------------------ scripts

@@ -9,10 +9,15 @@ project = "Data-parallel training with PyTorch DDP"
 author = "the workshop's authors"
 copyright = "the workshop's authors; code MIT, data CC0 1.0"
 
+# Where learners get the lesson: the ONE place to fill in before publishing the site (the pages say "{{ repo_url }}").
+# A git URL (``git clone URL``) or the address of an archive; until it is filled in, the pages say who sends it.
+repo_url = "the address your instructor sends you"
+
 extensions = ["sphinx_lesson", "sphinx.ext.githubpages", "workshop_lib.lab.site"]
 
 # MyST: ::: fences (sphinx-lesson's boxes around text that holds ``` code), $math$, heading anchors for links.
-myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "deflist", "substitution"]
+myst_substitutions = {"repo_url": repo_url}
 myst_heading_anchors = 3
 
 # myst-nb: show the stored outputs, never run a notebook; widgets as their text (no widget JavaScript from a CDN).

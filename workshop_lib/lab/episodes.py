@@ -9,6 +9,7 @@ itself, with sphinx-lesson's boxes added around what is already there::
                         notebook states, the exercise notebook to open in JupyterLab, what it produces;
                         the questions (docs/episodes.yaml) and, for instructors, each section's stated time
     an exercise cell    an exercise box before it holding the cell's TODO hint; the solution cell is folded
+    a debugging lab     (a ### BEGIN BROKEN block) a box saying the exercise holds the broken code; the fix is folded
     a raw cell          shown as Python (the script-only lines: module docstring, the __main__ guard)
     ## Recap            its bullets in a key-points box
 
@@ -22,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.lab import budget, build
+from workshop_lib.lab import budget, build, spans
 from workshop_lib.paths import REPO_ROOT
 
 CORE = ("00_", "01_", "02_", "03_")  # the core path of the 3-hour lab; the rest are optional parts
@@ -130,6 +131,11 @@ def hints(code: str) -> list[str]:
 
 def exercise_box(code: str, ep: Episode) -> str:
     name = re.search(r"^\s*def (\w+)", code, re.M)
+    if spans.BROKEN_BEGIN in code:  # a debugging lab: the exercise version holds the bug, with no hint
+        title = f"Debugging lab: `{name.group(1)}`" if name else "Debugging lab"
+        body = (f"In JupyterLab this cell of `{ep.exercise_notebook}` holds the broken code, with no hint; "
+                "the cells below run it and say where the ranks wait. The fix is folded in the cell below.")
+        return _fence("exercise", body, title)
     title = f"Exercise: `{name.group(1)}`" if name else "Exercise"
     todo = hints(code)
     what = todo[0] if len(todo) == 1 else "\n".join(f"* {h}" for h in todo) or "Fill in the TODO."

@@ -167,7 +167,7 @@ def check_settings(config_dir: Path | None = None) -> Result:
         have = {}
     if any(have.get(plugin, {}).get(k) != v for plugin, settings in wanted.items() for k, v in settings.items()):
         return Result(False, "the lab's JupyterLab settings are not installed: python -m workshop_lib.lab.jupyter_settings")
-    return Result(True, "the lab's JupyterLab settings")
+    return Result(True, "the lab's JupyterLab settings installed")
 
 
 def run() -> list[Result]:

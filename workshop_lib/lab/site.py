@@ -5,12 +5,14 @@
     python -m workshop_lib.site            # docs/_build/html, warnings as errors, offline; prints where it is
     python -m workshop_lib.site --open     # the same, then opens the home page in a browser
     python -m workshop_lib.site --check    # the same, then checks every link (lab/sitelinks.py)
+    python -m workshop_lib.site --fresh    # every page read again (done by itself when the episodes changed)
 
 The extension writes the episode pages from the notebooks before Sphinx reads anything
 (:mod:`workshop_lib.lab.episodes`), and gives the pages what must agree with the repository:
 
 * ``{lab-schedule}`` (options ``:part: core|optional|all``, ``:sections:``): the schedule, from the notebooks'
   stated times;
+* ``{lab-plan}``: the core path in a three-hour session (start times, the break, the buffer), from the same times;
 * ``{lab-time}`core``` (or ``optional``, ``all``, a notebook's name): those minutes, as "2 h 10 min";
 * ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``).
 """
@@ -55,6 +57,47 @@ def schedule(part: str = "all", sections: bool = False) -> str:
             rows += [f"| &nbsp;&nbsp;&nbsp;&nbsp;{_UNTIMED.sub('', title)} | {'' if m is None else f'{m} min'} | |"
                      for title, m in e.sections]
     rows.append(f"| **total**: {len(eps)} notebook(s) | **{episodes.hours(episodes.minutes(eps))}** | |")
+    return "\n".join(rows)
+
+
+SESSION = 180  # minutes of the session the plan fills
+WELCOME, BREAK, WRAP_UP, BOARD = 15, 10, 15, 3  # minutes: set-up and intro, the break, check --all and recap, a talk
+BREAK_AFTER = "02_"  # the break comes after this notebook
+
+
+def plan(session: int = SESSION) -> list[tuple[int, int, str]]:
+    """The core path in a session of ``session`` minutes: (start, minutes, what), from the notebooks' stated times.
+
+    Each notebook gets a talk at the board, its stated time, and a share of what is left over (the buffer for a
+    room that is slower than one newcomer), in proportion to its stated time."""
+    core = _pick(episodes.episodes(), "core")
+    stated = [e.stated or 0 for e in core]
+    buffer = session - WELCOME - BREAK - WRAP_UP - sum(stated) - BOARD * len(core)
+    if buffer < 0:
+        raise ValueError(f"the core path ({sum(stated)} min stated) does not fit a {session}-minute session")
+    shares = [buffer * m // max(sum(stated), 1) for m in stated]
+    shares[-1] += buffer - sum(shares)
+    rows, start = [], 0
+
+    def add(minutes: int, what: str) -> None:
+        nonlocal start
+        rows.append((start, minutes, what))
+        start += minutes
+
+    add(WELCOME, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device")
+    for e, m, extra in zip(core, stated, shares, strict=True):
+        add(BOARD + m + extra, f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`: {BOARD} min at the board, {m} min as the "
+            f"notebook states, {extra} min of buffer")
+        if e.name.startswith(BREAK_AFTER):
+            add(BREAK, "break")
+    add(WRAP_UP, "`python -m workshop_lib.check --all` around the room; the recap of 03; what the optional parts hold")
+    return rows
+
+
+def plan_table(session: int = SESSION) -> str:
+    rows = ["| when | minutes | what |", "|---|---|---|"]
+    rows += [f"| {start // 60}:{start % 60:02d} | {minutes} | {what} |" for start, minutes, what in plan(session)]
+    rows.append(f"| {session // 60}:{session % 60:02d} | | end |")
     return "\n".join(rows)
 
 
@@ -124,6 +167,12 @@ def setup(app):
             text = schedule(self.options.get("part", "all"), "sections" in self.options)
             return self.parse_text_to_nodes(text)
 
+    class Plan(SphinxDirective):
+        def run(self):
+            for ep in episodes.episodes():
+                self.env.note_dependency(str(ep.path))
+            return self.parse_text_to_nodes(plan_table())
+
     class StepDiff(SphinxDirective):
         option_spec: ClassVar[dict] = {"context": directives.nonnegative_int}
 
@@ -147,23 +196,55 @@ def setup(app):
     app.connect("config-inited", _write_episodes)
     app.add_directive("lab-schedule", Schedule)
     app.add_directive("step-diff", StepDiff)
+    app.add_directive("lab-plan", Plan)
     app.add_role("lab-time", lab_time)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
 # ---- the command -------------------------------------------------------------------------------------------------
 
+STAMP = ".lab-pages"  # in the output folder: the generated pages and files of the last build, one a line
+# Sphinx's files in the output folder that hold pages of earlier builds (a page gone stays there): a fresh build
+# removes them. The copies of the files the pages offer, the pages' sources, the parsed pages, the episodes, the
+# search index.
+GENERATED = ("_downloads", "_sources", ".doctrees", "episodes", "searchindex.js", STAMP)
+
+
+def generated_pages() -> list[str]:
+    """What the built site holds because a notebook exists: each episode page and the scripts it offers."""
+    return sorted({f"episodes/{e.name}" for e in episodes.episodes()}
+                  | {f"solutions/{s}.py" for e in episodes.episodes() for s in e.scripts})
+
+
+def needs_fresh(out: Path, pages: list[str]) -> bool:
+    """Whether ``out`` must be built afresh: its last build made other pages (or none is recorded).
+
+    An incremental build reads only the sources that changed, so a page linking to an episode that is gone
+    (or to a new one) would keep its old links, and the copies of removed files would stay in ``_downloads``."""
+    stamp = out / STAMP
+    return not stamp.is_file() or stamp.read_text().splitlines() != pages
+
+
 def build(out: Path = HTML, fresh: bool = False) -> float:
-    """Build the site into ``out`` (warnings are errors, nitpicky, no network); the seconds it took."""
+    """Build the site into ``out`` (warnings are errors, nitpicky, no network); the seconds it took.
+
+    Afresh (every page read again, the files of earlier builds removed) with ``fresh`` or when the episodes
+    changed."""
+    import shutil
+
     from sphinx.cmd.build import build_main
 
+    pages = generated_pages()
     args = ["-W", "--keep-going", "-n", "-q", "-b", "html", str(episodes.DOCS), str(out)]
-    if fresh:
+    if fresh or needs_fresh(out, pages):
         args.insert(0, "-E")
+        for made in GENERATED:  # what Sphinx keeps of earlier builds; it makes them again for the pages there are
+            shutil.rmtree(out / made, ignore_errors=True) if (out / made).is_dir() else (out / made).unlink(True)
     start = time.monotonic()
     code = build_main(args)
     if code:
         raise SystemExit(f"error: the site did not build (sphinx-build exit {code}); the warnings above say why")
+    (out / STAMP).write_text("\n".join(pages) + "\n")
     return time.monotonic() - start
 
 

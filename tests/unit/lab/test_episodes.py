@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 import nbformat
+import pytest
 
 from workshop_lib.lab import episodes, site
 
@@ -93,3 +96,47 @@ def test_the_schedule_and_the_readme_rows_come_from_the_notebooks(tmp_path, monk
     assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | 5 min | |" in site.schedule("all", sections=True)
     assert site.readme_rows() == "| `07_tiny` | A tiny lab | ~9 min | `solutions/step7_tiny.py` |"
     assert episodes.hours(130) == "2 h 10 min"
+
+
+def test_a_debugging_lab_is_labelled_as_one_not_as_an_exercise(tmp_path):
+    ep = episodes.describe(tiny_notebook(tmp_path))
+    broken = ("def train(cfg):\n    ### BEGIN BROKEN\n    # spread = spread_of(model) if rank == 0 else None\n"
+              "    ### END BROKEN\n    ### BEGIN SOLUTION\n    spread = spread_of(model)\n    ### END SOLUTION\n")
+    box = episodes.exercise_box(broken, ep)
+    assert box.startswith(":::{exercise} Debugging lab: `train`") and "holds the broken code" in box
+    assert "TODO" not in box and "NotImplementedError" not in box and "The fix is folded" in box
+    assert episodes.exercise_box(EXERCISE, ep).startswith(":::{exercise} Exercise: `make_sampler`")
+
+
+def test_a_build_is_fresh_when_the_generated_pages_changed(tmp_path):
+    pages = ["episodes/00_baseline", "episodes/04a_patterns", "solutions/step0_baseline.py"]
+    assert site.needs_fresh(tmp_path, pages)  # no build recorded yet
+    (tmp_path / site.STAMP).write_text("\n".join(pages) + "\n")
+    assert not site.needs_fresh(tmp_path, pages)  # the same episodes: incremental
+    assert site.needs_fresh(tmp_path, [*pages[:1], "episodes/04_beyond", *pages[2:]])  # one renamed
+    assert site.needs_fresh(tmp_path, pages[:2])  # a script is gone: its copy in _downloads must go too
+
+
+def test_the_generated_pages_name_every_episode_and_its_scripts(tmp_path, monkeypatch):
+    source = tiny_notebook(tmp_path)
+    monkeypatch.setattr(episodes.build, "source_notebooks", lambda: [source])
+    assert site.generated_pages() == ["episodes/07_tiny", "solutions/step7_tiny.py"]
+
+
+def test_the_plan_fills_the_session_with_the_stated_times_a_break_and_a_buffer(tmp_path, monkeypatch):
+    sources = []
+    for name in ("00_a", "01_b", "02_c", "03_d"):
+        (tmp_path / name).mkdir()
+        path = tiny_notebook(tmp_path / name)
+        sources.append(path.rename(path.with_name(f"{name}.ipynb")))
+    monkeypatch.setattr(episodes.build, "source_notebooks", lambda: sources)
+    rows = site.plan(180)
+    assert sum(m for _, m, _ in rows) == 180 and rows[0][0] == 0
+    assert all(start + m == after for (start, m, _), (after, _, _) in itertools.pairwise(rows))  # no gap, no overlap
+    names = [what for _, _, what in rows]
+    assert names.index("break") == 4 and "02_c" in names[3]  # the break after 02
+    # 4 notebooks of 9 min: 180 - 15 - 10 - 15 - 4 x (9 + 3) = 92 min of buffer, shared out evenly
+    assert [m for _, m, what in rows if "episodes" in what] == [35, 35, 35, 35]
+    assert site.plan_table(180).splitlines()[-1] == "| 3:00 | | end |"
+    with pytest.raises(ValueError, match="does not fit"):
+        site.plan(60)

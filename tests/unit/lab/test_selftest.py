@@ -38,7 +38,8 @@ def test_settings_not_installed_then_installed(tmp_path):
     r = selftest.check_settings(tmp_path)
     assert not r.ok and r.text.endswith("python -m workshop_lib.lab.jupyter_settings")
     jupyter_settings.install(tmp_path)
-    assert selftest.check_settings(tmp_path).ok
+    r = selftest.check_settings(tmp_path)
+    assert r.ok and r.text == "the lab's JupyterLab settings installed"  # a status word, as every part of 'ready: ...'
 
 
 @pytest.mark.slow  # starts two Python processes

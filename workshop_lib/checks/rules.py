@@ -120,6 +120,7 @@ RULES: dict[int, list[Callable]] = {
     3: [open_todo, device_choice, joining, sharding, wrapping, evaluating, saving, crashed, skipped_collective,
         reshuffling, averaging, leaving],
 }
+RULES[4] = RULES[3]  # step 4 is step 3 plus snapshots: the script checker also reads OUT/snapshot.pt
 
 
 def first_mistake(step: int, ranks: Events, *, world_size: int = 2, epochs: int = 2, cuda: bool = False,

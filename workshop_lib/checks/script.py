@@ -11,8 +11,9 @@ rank used where the global rank belongs shows. Each rank runs the script's
 ``main`` inside :func:`workshop_lib.checks.rank.run_rank` (Gloo on CPU even where GPUs
 exist, 200 molecules, 2 epochs). A run is stopped after 60 s, after 25 s
 without progress, as soon as the ranks have joined wrongly, or once the
-script's hang watch has named a rank that never arrived. The line starts
-with a tick when every lesson of the step holds; exit code 0, else 1.
+script's hang watch has named a rank that never arrived. Step 4 must also
+leave a snapshot of the last epoch in its ``--out``. The line starts with a
+tick when every lesson of the step holds; exit code 0, else 1.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from workshop_lib.lab.launch import free_port
 from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
-STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp"}
+STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp", 4: "step4_snapshots"}
 TODO_LINE = 'raise NotImplementedError("fill in the TODO above")'
 TICK, CROSS = "\N{CHECK MARK}", "\N{BALLOT X}"
 WORLD, EPOCHS = 2, 2
@@ -47,7 +48,8 @@ ARGS = ["--limit", "200", "--epochs", str(EPOCHS), "--no-progress", "--no-tensor
 PASSED = {1: "both ranks joined the group, all-reduced, trained and left the group",
           2: "each rank read its own shard, reshuffled every epoch, and left the group",
           3: "DDP kept the replicas equal; rank 0 alone evaluated and saved the plain model; the logged loss is "
-             "the mean over the ranks"}
+             "the mean over the ranks",
+          4: "step 3's lessons hold, and rank 0 left a snapshot of the last epoch in --out"}
 
 
 def step_of(path: Path, step: int | None = None) -> int:
@@ -150,7 +152,8 @@ def run_as_two_nodes(scripts: Sequence[Path], workdir: Path, limit_s: float = 60
         for log in logs:
             log.close()
     output = "".join((workdir / f"rank{r}.log").read_text() for r in range(WORLD))
-    return [{"ranks": events(i), "stopped": stopped_at == i, "output": output} for i in range(len(items))]
+    return [{"ranks": events(i), "stopped": stopped_at == i, "output": output, "out": workdir / f"out{i}"}
+            for i in range(len(items))]
 
 
 def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = None) -> list[tuple[str, str]]:
@@ -173,8 +176,8 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
     if todo:
         with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
             runs = run_as_two_nodes([paths[i] for i in todo], Path(tmp))
-        for i, run in zip(todo, runs, strict=True):
-            results[i] = _judge(paths[i], steps[i], run)
+            for i, run in zip(todo, runs, strict=True):  # while the runs' --out folders are still there
+                results[i] = _judge(paths[i], steps[i], run)
     return results
 
 
@@ -198,10 +201,28 @@ def on_a_gpu_node(path: Path, step: int) -> str | None:
         with contextlib.redirect_stdout(io.StringIO()):
             if step == 1:
                 group.process_group(module.main)
-            if step == 3:
+            if step in (3, 4):
                 ddp.ddp_ids(module.wrap)
     except common.CheckFailed as err:
         return str(err)
+    return None
+
+
+def snapshot_mistake(out: Path) -> str | None:
+    """Step 4: after a run of EPOCHS epochs, OUT/snapshot.pt must hold the last one (resuming is 04a's check)."""
+    from workshop_lib import checkpoint
+
+    path = Path(out) / checkpoint.SNAPSHOT
+    if not path.is_file():
+        return (f"no {checkpoint.SNAPSHOT} in --out after the run: call checkpoint.save(...) at the end of every "
+                f"epoch, on every rank (global rank 0 writes the file)")
+    try:
+        epoch = checkpoint.read(path)["epoch"]
+    except WorkshopError as err:
+        return str(err)
+    if epoch != EPOCHS - 1:
+        return (f"the snapshot holds epoch {epoch + 1} of {EPOCHS}: save at the end of every epoch, inside the "
+                f"epoch loop")
     return None
 
 
@@ -216,6 +237,8 @@ def _judge(path: Path, step: int, run: dict) -> tuple[str, str]:
         if line is not None:
             message = (f"dist.destroy_process_group() at line {line} is not in a finally: an error before it would "
                        f"leave the group behind; put it in the finally of a try around the work")
+    if message is None and step == 4:
+        message = snapshot_mistake(run["out"])
     if message is None:
         message = on_a_gpu_node(path, step)
     if message is not None:

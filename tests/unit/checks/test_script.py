@@ -13,7 +13,7 @@ from workshop_lib.checks import script
 from workshop_lib.debug import hangreport
 from workshop_lib.lab import build
 
-STEP1, STEP2, STEP3 = (REPO / "solutions" / f"{script.STEPS[s]}.py" for s in (1, 2, 3))
+STEP1, STEP2, STEP3, STEP4 = (REPO / "solutions" / f"{script.STEPS[s]}.py" for s in (1, 2, 3, 4))
 
 # (name, script, [(text in the solution, what replaces it)], what the checker's line must say)
 MISTAKES = [
@@ -68,6 +68,16 @@ MISTAKES = [
      "mean_over_ranks returned the sum"),
     ("loss_max", STEP3, [("dist.all_reduce(total, op=dist.ReduceOp.SUM)", "dist.all_reduce(total, op=dist.ReduceOp.MAX)")],
      "mean_over_ranks all-reduced with op=MAX"),
+    ("snapshot_never_saved", STEP4,
+     [("        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # every rank; rank 0 writes the "
+       "file\n", "")],
+     "no snapshot.pt in --out after the run: call checkpoint.save(...) at the end of every epoch"),
+    ("snapshot_of_the_wrong_epoch", STEP4,
+     [("        checkpoint.save(cfg, env, epoch, raw_model, optimizer, best, report)  # every rank; rank 0 writes the "
+       "file\n", ""),
+      ("    spread = replica_spread(model, env)  # again", "    checkpoint.save(cfg, env, start, raw_model, optimizer, "
+       "best, report)\n    spread = replica_spread(model, env)  # again")],
+     "the snapshot holds epoch 1 of 2: save at the end of every epoch"),
     # Shown on a made-up GPU node (rank 3 of 4, local rank 1) after the CPU run passed:
     ("device_from_the_global_rank", STEP1,
      [('torch.device("cuda", launch.local_rank)', 'torch.device("cuda", launch.rank)')],
@@ -101,18 +111,18 @@ def _mutate(script, edits, to):
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    """Every mistake and the three untouched solutions, checked in one run of two ranks."""
+    """Every mistake and the four untouched solutions, checked in one run of two ranks."""
     tmp = tmp_path_factory.mktemp("mistakes")
     paths = [_mutate(script, edits, tmp / f"{name}_{script.name}") for name, script, edits, _ in MISTAKES]
     right = [_mutate(script, edits, tmp / f"{name}_{script.name}") for name, script, edits in ACCEPTED]
-    results = script.check_scripts([STEP1, STEP2, STEP3, *right, *paths])
-    names = ["step1", "step2", "step3", *(a[0] for a in ACCEPTED), *(m[0] for m in MISTAKES)]
+    results = script.check_scripts([STEP1, STEP2, STEP3, STEP4, *right, *paths])
+    names = ["step1", "step2", "step3", "step4", *(a[0] for a in ACCEPTED), *(m[0] for m in MISTAKES)]
     return dict(zip(names, results, strict=True))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("step", ["step1", "step2", "step3"])
+@pytest.mark.parametrize("step", ["step1", "step2", "step3", "step4"])
 def test_the_untouched_solution_passes(verdicts, step):
     status, line = verdicts[step]
     assert status == "done", line
@@ -140,7 +150,7 @@ def test_the_unfilled_exercises_are_not_started(monkeypatch, tmp_path, capsys):
     assert script.main(["--all"]) == 1
     rows = capsys.readouterr().out.splitlines()
     assert rows[0].split() == ["step", "script", "status", "mistake"]
-    assert [r.split()[2:] for r in rows[1:]] == [[f"exercises/{script.STEPS[s]}.py", "not", "started"] for s in (1, 2, 3)]
+    assert [r.split()[2:] for r in rows[1:]] == [[f"exercises/{script.STEPS[s]}.py", "not", "started"] for s in (1, 2, 3, 4)]
 
 
 def test_a_partly_filled_exercise_is_run_not_called_unstarted(tmp_path):

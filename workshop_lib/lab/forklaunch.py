@@ -212,6 +212,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
     name = getattr(fn, "__name__", repr(fn))
+    before = _descendants()
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
         with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
@@ -226,7 +227,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     except _HangSeen as hang:
         raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang),
                         Path(log_dir) / "hang.json") from None
-    except SignalException:  # the stop button (SIGINT): the launcher has already stopped every rank
+    except SignalException:  # the stop button (SIGINT): the launcher stops the ranks it has registered
+        _stop_new_descendants(before)  # and a press during start-up may leave one it had not registered yet
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
         gc.unfreeze()
@@ -236,6 +238,18 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [results[r] for r in sorted(results)]
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _stop_new_descendants(before: set[int]) -> None:
+    """Kill every process this kernel started since ``before`` (and what they started): none outlives a stop."""
+    for pid in sorted(_descendants() - before):
+        kill_tree(pid, grace=0, first=signal.SIGKILL)
 
 
 def _stop_ranks(log_dir: str, stacks: bool) -> None:

@@ -194,6 +194,23 @@ def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early(
     assert still_alive(_started_since(before), timeout=10) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stop_while_the_ranks_start_leaves_none_behind():
+    """The press lands while the launcher is still forking: a rank it had not registered yet must die too."""
+    before = _children()
+
+    def press_stop_once_the_first_rank_exists():
+        while not _started_since(before):
+            time.sleep(0.01)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_stop_once_the_first_rank_exists, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
+    assert still_alive(_started_since(before), timeout=10) == []
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 

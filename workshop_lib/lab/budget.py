@@ -66,6 +66,12 @@ class Count:
         return None
 
 
+def stated_minutes(first_cell: str) -> int | None:
+    """The notebook's stated time, from its first cell's ``**Time: about N minutes.**``; None if it states none."""
+    found = _STATED_NOTEBOOK.search(first_cell)
+    return int(found.group(1)) if found else None
+
+
 def _run_seconds(cell) -> float:
     timing = cell.get("metadata", {}).get("execution", {})
     try:
@@ -98,8 +104,7 @@ def count(path: Path) -> Count:
 
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0].source if nb.cells else ""
-    stated = _STATED_NOTEBOOK.search(first)
-    total = Count(Path(path).stem, int(stated.group(1)) if stated else None)
+    total = Count(Path(path).stem, stated_minutes(first))
     section: Count | None = None
     for cell in nb.cells:
         if cell.cell_type == "markdown":

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import budget
 from workshop_lib.lab.execute import execute
 from workshop_lib.lab.spans import BROKEN_BEGIN, exercise_source, has_spans, solution_source
 from workshop_lib.paths import REPO_ROOT, write_atomic
@@ -136,10 +137,10 @@ def exercise_notebook(nb, source_name: str):
         first_code.source = EXERCISE_NOQA + "\n" + first_code.source
     link = f"../{source_name}"
     where = nb.metadata.get("lab", {})  # {"step": "...", "outcome": "..."}: what this notebook is in the lab
-    stated = re.search(r"\*\*Time: about (\d+) min", nb.cells[0].source) if nb.cells else None
+    stated = budget.stated_minutes(nb.cells[0].source) if nb.cells else None
     header = nbformat.v4.new_markdown_cell(
         f"**Where you are:** {where.get('step', Path(source_name).stem)}. "
-        f"**Time:** {f'about {stated.group(1)} minutes' if stated else 'as you like'}. "
+        f"**Time:** {f'about {stated} minutes' if stated else 'as you like'}. "
         f"**At the end you have:** {where.get('outcome', 'run every cell')}.\n\n"
         + (f"Fill in each `# TODO` (its cell raises `NotImplementedError` until you do), run the cell, then run "
            f"the check cell below it.{_BUGS if bugs else ''} Stuck? The worked solution is in [{source_name}]({link})."
@@ -258,8 +259,6 @@ def main(argv: Sequence[str] | None = None) -> None:
                    help="print each notebook's and section's stated time against the count (lab/budget.py)")
     args = p.parse_args(argv)
     if args.times:
-        from workshop_lib.lab import budget
-
         print(budget.table([budget.count(path) for path in source_notebooks()]))
         return
     for name in args.execute or ():

@@ -119,13 +119,11 @@ def objectives(first_cell: str, outcome: str = "") -> tuple[str, str]:
 
 def hints(code: str) -> list[str]:
     """Each exercise span's hint: the ``# TODO:`` comment lines above its ``### BEGIN SOLUTION``, as prose."""
-    lines, found = code.splitlines(), []
-    for begin in (i for i, line in enumerate(lines) if line.strip() == "### BEGIN SOLUTION"):
-        todo = [i for i in range(begin) if lines[i].strip().startswith("# TODO")]
-        if todo:
-            words = [re.sub(r"^#\s*(TODO:?\s*)?", "", line.strip()) for line in lines[todo[-1]:begin]]
-            text = " ".join(w for w in words if w)
-            found.append(text[:1].upper() + text[1:])
+    found = []
+    for hint in spans.hints(code):
+        words = [re.sub(r"^#\s*(TODO:?\s*)?", "", line.strip()) for line in hint]
+        text = " ".join(w for w in words if w)
+        found.append(text[:1].upper() + text[1:])
     return found
 
 
@@ -209,7 +207,7 @@ def episode_notebook(ep: Episode, questions: list[str]):
             continue
         if cell.cell_type == "markdown" and re.match(r"## Recap", cell.source):
             cell.source = keypoints(cell.source)
-        if cell.cell_type == "code" and "### BEGIN SOLUTION" in cell.source:
+        if cell.cell_type == "code" and spans.has_spans(cell.source):
             cells.append(_markdown(exercise_box(cell.source, ep), f"{cid}-exercise"))
             cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
             cell.metadata["mystnb"] = {"code_prompt_show": "Show the solution", "code_prompt_hide": "Hide the solution"}

@@ -96,6 +96,12 @@ def _spans(source: str, where: str) -> list[tuple[int, int, int]]:
     return spans
 
 
+def hints(source: str, where: str = "cell") -> list[list[str]]:
+    """The hint of each span that has one: its ``# TODO`` line and the comment lines under it."""
+    lines = source.splitlines()
+    return [lines[hint:begin] for hint, begin, _ in _spans(source, where) if _TODO.match(lines[hint])]
+
+
 def solution_source(source: str, where: str = "cell") -> str:
     """The code as it runs in the solution: hint lines and markers dropped."""
     lines = source.splitlines()

@@ -1,11 +1,10 @@
 """All hyper-parameters in one dataclass, and the one argparse that fills it.
 
-Defaults were chosen by measured time-to-accuracy on a 2-core CPU (see the
-README's figures and benchmarks/): a small bidirectional LSTM on length-bucketed
-batches reaches a better ROC AUC sooner than the original workshop's 3-layer
-model. 64 molecules per process is where one CPU thread does the most
-molecules per second (smaller batches pay fixed per-step costs, larger ones
-fall out of cache), so 2 processes at 64 beat 1 process at 128 by ~2x.
+Defaults were chosen by measured time-to-accuracy on a 2-core CPU (see
+benchmarks/): a small bidirectional LSTM reaches a better ROC AUC sooner than
+the original workshop's 3-layer model. 64 molecules per process is where one
+CPU thread trains fastest per molecule (smaller batches pay fixed per-step
+costs, larger ones pad more and fall out of cache).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import InputError
 from workshop_lib.paths import DEFAULT_DATA
 
 
@@ -79,8 +78,6 @@ class TrainConfig:
                      run_only=True)
     timeout: float = _opt(120.0, "seconds a rank waits on the others before giving up", _positive_float,
                           run_only=True)
-    backend: str | None = _opt(None, "default: nccl with CUDA, else gloo", run_only=True, choices=("gloo", "nccl"))
-    progress: bool = _opt(True, "tqdm progress bar on rank 0", run_only=True)
     tensorboard: bool = _opt(True, "TensorBoard event files on rank 0", run_only=True)
     resume: Path | None = _opt(None, "snapshot to resume from (default: OUT/snapshot.pt if it fits this run)",  # noqa: RUF009
                                run_only=True)
@@ -109,10 +106,10 @@ _PARSERS = {"Path": Path, "Path | None": Path, "str | None": str, "int": int, "i
 
 def build_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """The flags every step script shares: one per TrainConfig field, named after it, with its help."""
-    p = _OneLineParser(prog=prog, description=description, allow_abbrev=False)
+    p = _OneLineParser(prog=prog, description=description.strip().splitlines()[0], allow_abbrev=False)
     for f in dataclasses.fields(TrainConfig):
         flag, meta = "--" + f.name.replace("_", "-"), f.metadata
-        if f.type == "bool":  # a switch: --no-progress turns a default-on field off, --fresh a default-off one on
+        if f.type == "bool":  # a switch: --no-tensorboard turns a default-on field off, --fresh a default-off one on
             name = flag if not f.default else "--no-" + f.name
             p.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
                            help=f"turn off the {meta['help']}" if f.default else meta["help"])
@@ -122,12 +119,16 @@ def build_parser(description: str, prog: str | None = None) -> argparse.Argument
     return p
 
 
-def parse_config(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> TrainConfig:
-    """Parse argv into a TrainConfig (every flag is one of its fields)."""
-    ns = vars(parser.parse_args(sys.argv[1:] if argv is None else list(argv)))
+def parse_args(argv: Sequence[str] | None = None, description: str = "a step script of the DDP workshop",
+               prog: str | None = None) -> TrainConfig:
+    """The script's flags (``sys.argv`` by default) as a TrainConfig; a bad flag is one line and exit code 2.
+
+    ``description``: the script's docstring; its first line heads ``--help``.
+    """
+    ns = vars(build_parser(description, prog).parse_args(sys.argv[1:] if argv is None else list(argv)))
     cfg = TrainConfig(**ns)
     if not 0.0 <= cfg.dropout < 1.0:
-        raise WorkshopError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+        raise InputError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.fresh and cfg.resume is not None:
-        raise WorkshopError("--fresh and --resume contradict each other; pass one of them")
+        raise InputError("--fresh and --resume contradict each other; pass one of them")
     return cfg

@@ -5,8 +5,25 @@ from __future__ import annotations
 import re
 
 
+class InputError(SystemExit):
+    """Bad input to a script (a flag, the data, a snapshot): the message names the bad value and the fix.
+
+    A ``SystemExit``, as argparse's own errors are: uncaught, Python prints the
+    one line ``error: ...`` to stderr and exits with status 1, with no traceback,
+    so a step script needs no wrapper around its ``main``. ``except Exception``
+    does not catch it; catch ``InputError`` (or ``SystemExit``) where that is meant.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(f"error: {message}")
+
+    @property
+    def message(self) -> str:
+        return str(self.code).removeprefix("error: ")
+
+
 class WorkshopError(Exception):
-    """A problem the user can fix. The message names the bad value and the fix."""
+    """A problem with the lab's tools (a launch, a check, the build) that the user can fix, in one line."""
 
 
 def first_line(err: BaseException | str, limit: int = 200) -> str:

@@ -1,23 +1,25 @@
-"""What global rank 0 shows and writes: console lines, tqdm, TensorBoard, metrics.json.
+"""What global rank 0 shows and writes: console lines, TensorBoard, metrics.json.
 
-Every rank builds a Reporter; on ranks other than 0 each method does nothing,
-so the step scripts never need ``if rank == 0`` around a print.
+A step script builds its Reporter on global rank 0 only (``if rank == 0``): one
+process writes the files, even with several nodes. Nothing here talks to the
+other ranks: the script all-reduces what the report needs first.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from workshop_lib.config import TrainConfig
-from workshop_lib.distributed import DistEnv
-from workshop_lib.errors import WorkshopError
-from workshop_lib.metrics import write_metrics
+from workshop_lib.data import Splits
+from workshop_lib.errors import InputError
+from workshop_lib.metrics import BestModel, write_metrics
+from workshop_lib.model import count_parameters
 from workshop_lib.paths import REPO_ROOT
-from workshop_lib.train import BestModel, EpochStats
 
 
 def shown(text: str | Path) -> str:
@@ -34,21 +36,24 @@ def prepare_out_dir(out: Path) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise WorkshopError(f"cannot write to --out {out} ({err.strerror}); choose a writable directory") from None
+        raise InputError(f"cannot write to --out {out} ({err.strerror}); choose a writable directory") from None
     return out
 
 
 class Reporter:
-    def __init__(self, cfg: TrainConfig, script: str, device: torch.device, env: DistEnv | None = None):
-        self.cfg, self.script, self.device = cfg, script, device
-        self.world_size = env.world_size if env else 1
-        self.backend = env.backend if env else None
-        self.is_main = env.is_main if env else True
+    """Global rank 0's console, TensorBoard and metrics.json for one run; the header is printed at once."""
+
+    def __init__(self, cfg: TrainConfig, script: str, splits: Splits, model: nn.Module, world_size: int = 1):
+        self.cfg, self.script, self.world_size = cfg, script, world_size
+        self.device = next(model.parameters()).device
         self.history: list[dict] = []
         self.train_seconds, self.train_samples = 0.0, 0
         self._writer = None
-        if self.is_main:
-            prepare_out_dir(cfg.out)
+        prepare_out_dir(cfg.out)
+        self.print(f"data: {shown(splits.source)}: {len(splits.train)} train / {len(splits.dev)} dev / "
+                   f"{len(splits.heldout)} heldout molecules")
+        self.print(f"model: {count_parameters(model):,} parameters; batch {cfg.batch_size} per process x "
+                   f"{world_size} process(es) = global batch {self.global_batch_size}")
 
     # -- resume (checkpoint.py) ----------------------------------------------
     def state_dict(self) -> dict:
@@ -59,47 +64,28 @@ class Reporter:
         self.train_seconds, self.train_samples = state["train_seconds"], state["train_samples"]
 
     # -- console -------------------------------------------------------------
-    def print(self, *args) -> None:
-        if self.is_main:
-            print(*args, flush=True)
-
-    def start(self, n_train: int, n_dev: int, n_heldout: int, n_params: int, source: str) -> None:
-        self.print(f"data: {shown(source)}: {n_train} train / {n_dev} dev / {n_heldout} heldout molecules")
-        self.print(f"model: {n_params:,} parameters; batch {self.cfg.batch_size} per process x "
-                   f"{self.world_size} process(es) = global batch {self.global_batch_size}")
+    @staticmethod
+    def print(*args) -> None:
+        print(*args, flush=True)
 
     @property
     def global_batch_size(self) -> int:
         return self.cfg.batch_size * self.world_size
 
-    def progress(self, epoch: int, total: int):
-        """A tqdm bar for one epoch on rank 0 (None elsewhere, or with --no-progress)."""
-        if not (self.is_main and self.cfg.progress):
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=f"epoch {epoch + 1}/{self.cfg.epochs}", leave=False,
-                    file=sys.stderr, dynamic_ncols=True)
-
     # -- per epoch -----------------------------------------------------------
-    def epoch(self, epoch: int, stats: EpochStats, dev_roc_auc: float, progress=None, **extra) -> None:
-        """Record one epoch. ``stats`` are rank 0's; every rank trained as many samples."""
-        if progress is not None:
-            progress.close()
-        if not self.is_main:
-            return
-        samples = stats.samples * self.world_size
-        self.train_seconds += stats.seconds
+    def epoch(self, epoch: int, loss: float, samples: int, seconds: float, dev_roc_auc: float, **extra) -> None:
+        """Record one epoch: the mean training ``loss`` over the ``samples`` every rank trained, rank 0's ``seconds``."""
+        self.train_seconds += seconds
         self.train_samples += samples
-        row = {"epoch": epoch, "train_loss": stats.loss, "dev_roc_auc": dev_roc_auc,
-               "seconds": stats.seconds, "samples_per_second": samples / stats.seconds, **extra}
+        row = {"epoch": epoch, "train_loss": loss, "dev_roc_auc": dev_roc_auc, "seconds": seconds,
+               "samples_per_second": samples / seconds, **extra}
         self.history.append(row)
         more = "".join(f"  {k} {v:.3g}" for k, v in extra.items())
-        self.print(f"epoch {epoch + 1}/{self.cfg.epochs}  train loss {stats.loss:.4f}  dev ROC AUC {dev_roc_auc:.4f}"
-                   f"  {stats.seconds:.1f}s  {row['samples_per_second']:.0f} samples/s{more}")
+        self.print(f"epoch {epoch + 1}/{self.cfg.epochs}  train loss {loss:.4f}  dev ROC AUC {dev_roc_auc:.4f}"
+                   f"  {seconds:.1f}s  {row['samples_per_second']:.0f} samples/s{more}")
         if self.cfg.tensorboard:
             w = self._tensorboard()
-            w.add_scalar("loss/train", stats.loss, epoch)
+            w.add_scalar("loss/train", loss, epoch)
             w.add_scalar("roc_auc/dev", dev_roc_auc, epoch)
             w.add_scalar("throughput/samples_per_second", row["samples_per_second"], epoch)
             for k, v in extra.items():
@@ -113,14 +99,12 @@ class Reporter:
         return self._writer
 
     # -- end -----------------------------------------------------------------
-    def finish(self, best: BestModel, heldout_roc_auc: float, **extra) -> dict | None:
+    def finish(self, best: BestModel, heldout_roc_auc: float, **extra) -> dict:
         """Write metrics.json (and the TensorBoard hparams), print the summary."""
-        if not self.is_main:
-            return None
         metrics = {
             "script": self.script,
             "world_size": self.world_size,
-            "backend": self.backend,
+            "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
             "device": str(self.device),
             "threads_per_process": torch.get_num_threads(),
             "epochs": self.cfg.epochs,

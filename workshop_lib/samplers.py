@@ -1,4 +1,11 @@
-"""Batch samplers: length-bucketed training batches that keep a DistributedSampler's contract, sorted eval batches."""
+"""Length bucketing: training batches of similar-length molecules that keep a DistributedSampler's contract.
+
+The step scripts do not use it: they batch with a plain ``DataLoader(...,
+batch_size=B, sampler=DistributedSampler(...))``, as one would at work.
+Notebook 04b measures what bucketing buys this model on a CPU, where a padded
+LSTM pays for every pad: pass ``batch_sampler=BucketBatchSampler(sampler,
+dataset.lengths, B)`` to the DataLoader instead of ``batch_size`` and ``sampler``.
+"""
 
 from __future__ import annotations
 
@@ -44,17 +51,3 @@ class BucketBatchSampler(Sampler[list[int]]):
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         for b in torch.randperm(len(batches), generator=g).tolist():
             yield batches[b].tolist()
-
-
-class SortedBatchSampler(Sampler[list[int]]):
-    """Fixed batches of similar length for evaluation (order does not matter for ROC AUC)."""
-
-    def __init__(self, lengths: torch.Tensor, batch_size: int):
-        self.batches = torch.argsort(lengths, stable=True).split(batch_size)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for b in self.batches:
-            yield b.tolist()

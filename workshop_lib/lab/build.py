@@ -62,6 +62,8 @@ def _join(pieces: Sequence[str]) -> str:
 def _kind(source: str) -> int:
     """Where a cell goes in its script: 0 the docstring and imports, 1 the body, 2 ``def main``, 3 the guard."""
     code = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    while code and code[0].startswith("@"):  # a decorated function is placed by its def
+        code.pop(0)
     first = code[0] if code else ""
     if first.startswith("if __name__"):
         return 3

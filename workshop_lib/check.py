@@ -2,6 +2,6 @@
 
 if __name__ == "__main__":
     from workshop_lib.checks.script import _exit_with_verdict
-    from workshop_lib.cli import run_cli
+    from workshop_lib.lab.cli import run_cli
 
     raise SystemExit(run_cli(_exit_with_verdict))

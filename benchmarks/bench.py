@@ -10,7 +10,9 @@ One run on one machine measures
 * scaling: training samples/s of 1 process x T threads and of K processes x 1
   thread, each at the same global batch: the default one (where the targets are
   judged), then larger ones, since the speed-up of K processes grows with the
-  work per step (gloo on CPU; on GPUs, K processes x 1 GPU, nccl);
+  work per step (gloo on CPU; on GPUs, K processes x 1 GPU, nccl). The step
+  scripts pick nccl whenever CUDA is available: a CPU job runs with
+  ``CUDA_VISIBLE_DEVICES=`` so that it is gloo on the CPU on a GPU node too;
 * notebooks (``--notebooks``): the wall time of ``pytest --nbval notebooks/``;
 * model (``--parts model``, ``benchmarks/model_part.py``): the scaling model's
   inputs measured here, its predicted samples/s and speed-up beside the scaling
@@ -47,7 +49,8 @@ SHIPPED = REPO / "dataset" / "b3db_classification.csv"
 STEP3 = REPO / "solutions" / "step3_ddp.py"
 ORIGINAL = REPO / "benchmarks" / "original_recipe.py"
 RANK_RSS = REPO / "benchmarks" / "rank_rss.py"
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE")
 
 
 @dataclass
@@ -62,7 +65,7 @@ class Job:
     repeats: int
     procs: int = 1
     global_batch: int | None = None
-    device: str = "cpu"
+    device: str = "cpu"  # "cpu": run with CUDA_VISIBLE_DEVICES= (gloo, even on a GPU node); "cuda": nccl
     runs: list[dict] = field(default_factory=list)
 
 
@@ -103,7 +106,7 @@ def plan(args: argparse.Namespace, info: dict) -> list[Job]:
     if "scaling" in args.parts:
         epochs = ["--epochs", "2" if args.quick else str(args.scaling_epochs)]
         limit = ["--limit", "600"] if args.quick else []
-        common = ["--data", str(SHIPPED), *epochs, *limit, "--no-progress", "--no-tensorboard", *args.scaling_flags]
+        common = ["--data", str(SHIPPED), *epochs, *limit, "--no-tensorboard", *args.scaling_flags]
         reps = 1 if args.quick else args.repeats
         batches = args.global_batch or [d.batch_size * 2 * f for f in (1, 2, 4)]  # the default first
         for g in batches[:1] if args.quick else batches:
@@ -123,7 +126,7 @@ def scaling_jobs(g: int, common: list[str], reps: int, info: dict) -> list[Job]:
     if info["gpus"]:  # K processes x 1 GPU each, nccl
         for k in [k for k in range(1, info["gpus"] + 1) if g % k == 0]:
             jobs.append(Job("scaling", f"{k}x1 GPU", "B3DB (shipped)",
-                            [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k), "--backend", "nccl"],
+                            [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k)],
                             threads=None, repeats=reps, procs=k, global_batch=g, device="cuda"))
         return jobs
     cores = info["cpu_cores"] or 1
@@ -134,16 +137,20 @@ def scaling_jobs(g: int, common: list[str], reps: int, info: dict) -> list[Job]:
                         threads=t, repeats=reps, procs=1, global_batch=g))
     for k in [k for k in counts if k > 1 and g % k == 0]:
         jobs.append(Job("scaling", f"{k}x1", "B3DB (shipped)",
-                        [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k), "--backend", "gloo"],
+                        [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k)],
                         threads=1, repeats=reps, procs=k, global_batch=g))
     return jobs
 
 
-def child_env(threads: int | None) -> dict[str, str]:
+def child_env(threads: int | None, device: str = "cpu") -> dict[str, str]:
+    """A job's environment: no launch variables of a surrounding job; ``threads`` per process; the GPUs hidden
+    for a CPU job (the scripts then pick gloo on the CPU, as there is no --backend flag)."""
     env = {k: v for k, v in os.environ.items() if k not in (*LAUNCH_VARS, "OMP_NUM_THREADS")}
     env["PYTHONUNBUFFERED"] = "1"
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -154,7 +161,8 @@ def run_once(job: Job, work: Path, timeout: float) -> dict:
     if job.group != "notebooks":
         cmd += ["--out", str(out)]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(job.threads), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=child_env(job.threads, job.device), capture_output=True, text=True,
+                          timeout=timeout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout)[-2000:]

@@ -1,9 +1,10 @@
-"""What hangwatch costs a job that does not hang: DDP step time with the watch off and on.
+"""What the hang watch costs a job that does not hang: DDP step time with the watch off and on.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/hangwatch_overhead.py [--limit 1000] [--rounds 8]
 
 Both ranks train the workshop's model under DDP on the same data, alternating
-rounds without and with ``hangwatch.install()`` (so that drift in the machine's
+rounds without and with the watch attached (``hangwatch.attach()``, what
+``-m workshop_lib.watch`` does; alternating, so that drift in the machine's
 load falls on both alike), and time every step. Rank 0 writes
 benchmarks/results/hangwatch_overhead.json and prints the medians.
 """
@@ -22,14 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from workshop_lib.config import TrainConfig
-from workshop_lib.data import load_splits, make_loader
+from workshop_lib.data import collate, load_splits
 from workshop_lib.debug import hangwatch
-from workshop_lib.distributed import read_launch_env
-from workshop_lib.paths import DEFAULT_DATA, REPO_ROOT
-from workshop_lib.train import build_model, build_optimizer
+from workshop_lib.model import SmilesLSTM
+from workshop_lib.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "benchmarks" / "results" / "hangwatch_overhead.json"
 
@@ -37,12 +37,13 @@ RESULTS = REPO_ROOT / "benchmarks" / "results" / "hangwatch_overhead.json"
 def step_times(model, loader, optimizer, epochs: int) -> list[float]:
     """Seconds of each training step (forward, backward with DDP's all-reduce, optimizer step)."""
     times = []
+    model.train()
     for epoch in range(epochs):
-        loader.batch_sampler.set_epoch(epoch)
-        for batch in loader:
+        loader.sampler.set_epoch(epoch)
+        for tokens, lengths, labels in loader:
             start = time.perf_counter()
-            loss = F.binary_cross_entropy_with_logits(model(batch.tokens, batch.lengths), batch.labels)
-            optimizer.zero_grad(set_to_none=True)
+            loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+            optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             times.append(time.perf_counter() - start)
@@ -56,36 +57,36 @@ def main(argv: Sequence[str] | None = None) -> dict | None:
     p.add_argument("--epochs", type=int, default=3, help="epochs per round")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    launch = read_launch_env()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     try:
         cfg = TrainConfig(limit=args.limit)
+        splits = load_splits(cfg)
+        sampler = DistributedSampler(splits.train, shuffle=True, seed=cfg.seed)
+        loader = DataLoader(splits.train, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate)
         torch.manual_seed(cfg.seed)
-        splits = load_splits(DEFAULT_DATA, limit=args.limit)
-        sampler = DistributedSampler(splits.train, num_replicas=launch.world_size, rank=launch.rank, seed=cfg.seed)
-        loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-        model = DDP(build_model(cfg, len(splits.tokenizer)))
-        optimizer = build_optimizer(cfg, model)
+        model = DDP(SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         step_times(model, loader, optimizer, 1)  # warm-up
         runs: dict[str, list[float]] = {"off": [], "on": []}
         rounds: dict[str, list[float]] = {"off": [], "on": []}  # each round's median, ms: the noise between rounds
         for _ in range(args.rounds):
             for setting in ("off", "on"):
                 if setting == "on":
-                    hangwatch.install()
+                    hangwatch.attach()
                 times = step_times(model, loader, optimizer, args.epochs)
-                hangwatch.uninstall()
+                hangwatch.detach()
                 runs[setting] += times
                 rounds[setting].append(round(statistics.median(times) * 1e3, 3))
-        if launch.rank != 0:
+        if dist.get_rank() != 0:
             return None
         med = {k: statistics.median(v) * 1e3 for k, v in runs.items()}
         result = {"steps_per_setting": len(runs["off"]), "median_step_ms_off": round(med["off"], 3),
                   "median_step_ms_on": round(med["on"], 3),
                   "difference_percent": round(100 * (med["on"] / med["off"] - 1), 2),
                   "round_medians_ms_off": rounds["off"], "round_medians_ms_on": rounds["on"],
-                  "setup": f"2 ranks, gloo, CPU, 1 thread each, --limit {args.limit}, batch {cfg.batch_size} per rank",
+                  "setup": f"2 ranks, gloo, CPU, 1 thread each, --limit {args.limit}, batch {cfg.batch_size} per rank; "
+                           "the watch attached as -m workshop_lib.watch attaches it",
                   "torch": torch.__version__}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

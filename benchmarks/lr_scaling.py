@@ -55,8 +55,8 @@ def run(nprocs: int, lr: float, seed: int, flags: list[str], timeout: float) -> 
 
     with tempfile.TemporaryDirectory(prefix="lr-scaling-") as out:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
-               str(STEP3), "--lr", repr(lr), "--seed", str(seed), "--out", out, "--no-progress", "--no-tensorboard", *flags]
-        env = child_env(1)  # bench.py's: no launch variables of a surrounding job, one thread per rank
+               str(STEP3), "--lr", repr(lr), "--seed", str(seed), "--out", out, "--no-tensorboard", *flags]
+        env = child_env(1, "cpu")  # bench.py's: no launch variables of a surrounding job, one thread per rank, gloo
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:

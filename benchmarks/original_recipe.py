@@ -35,7 +35,6 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-from workshop_lib.cli import run_cli
 from workshop_lib.data import load_table
 from workshop_lib.paths import DEFAULT_DATA, write_atomic
 from workshop_lib.split import stratified_split
@@ -144,4 +143,4 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    main()  # bad input (load_table's InputError) is one line and exit status 1

@@ -1,4 +1,5 @@
 # Generated from notebooks/01_process_group.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/00_baseline.ipynb)
 # Edit the cells tagged script:step1_process_group, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 1: a process group started by torchrun.
@@ -9,88 +10,100 @@ rank. The copies join one process group, check it with an all_reduce, and
 no speed-up yet. Step 2 splits the data.
 
     torchrun --nproc_per_node=2 solutions/step1_process_group.py
-    python solutions/step1_process_group.py          # a group of one
 """
 
-from __future__ import annotations
-
+import os
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import RandomSampler
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader
 
-from workshop_lib import distributed
-from workshop_lib.cli import run_cli
-from workshop_lib.config import TrainConfig, build_parser, parse_config
-from workshop_lib.data import load_splits, make_eval_loader, make_loader
-from workshop_lib.debug import hangwatch
-from workshop_lib.distributed import DistEnv
-from workshop_lib.model import count_parameters
+from workshop_lib.config import parse_args
+from workshop_lib.data import collate, load_splits
+from workshop_lib.metrics import BestModel, evaluate
+from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
-from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
 
 
-def check_all_reduce(env: DistEnv) -> None:
+def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
+    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
+    model.train()
+    totals = torch.zeros(2, device=device)
+    for tokens, lengths, labels in loader:
+        tokens, labels = tokens.to(device), labels.to(device)
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
+    return totals
+
+
+def check_all_reduce(device: torch.device) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    # TODO: make `value`, a one-element tensor on env.device holding this rank's contribution, and sum it over
-    #       all ranks in place. Read: section 3 above; torch.distributed.all_reduce in the torch docs.
+    # TODO: make `value`, a one-element tensor on `device` holding this rank's contribution, and sum it over all
+    #       ranks in place. Read: section 3 above; torch.distributed.get_rank and all_reduce in the torch docs.
     raise NotImplementedError("fill in the TODO above")
-    expected = env.world_size * (env.world_size + 1) / 2
-    assert value.item() == expected, f"all_reduce gave {value.item()}, expected {expected}"
-    if env.is_main:
-        print(f"all_reduce: sum of (rank + 1) over {env.world_size} ranks = {value.item():g} (expected {expected:g})")
+    world_size = dist.get_world_size()
+    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 
 
-def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
-    torch.manual_seed(cfg.seed)
-    splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
-                         cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
-    report = Reporter(cfg, "step1_process_group", env.device, env)
-
-    sampler = RandomSampler(splits.train, generator=torch.Generator().manual_seed(cfg.seed))
-    train_loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-    dev_loader = make_eval_loader(splits.dev)
-
-    model = build_model(cfg, len(splits.tokenizer)).to(env.device)
-    optimizer = build_optimizer(cfg, model)
-    report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
-
-    best = BestModel()
-    for epoch in range(cfg.epochs):
-        bar = report.progress(epoch, len(train_loader))
-        stats = train_epoch(model, train_loader, optimizer, env.device, bar)
-        dev_auc = evaluate(model, dev_loader, env.device)
-        best.update(epoch, dev_auc, model)
-        report.epoch(epoch, stats, dev_auc, bar)
-
-    best.restore(model)
-    heldout_auc = evaluate(model, make_eval_loader(splits.heldout), env.device)
-    return report.finish(best, heldout_auc)
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
-    # TODO: pick `backend` (cfg.backend, else the one for this machine) and `device`, this process's own, and
-    #       make that device the current one on a GPU. Read: section 2 above; torch.cuda.set_device in the docs.
+def setup(timeout: float) -> torch.device:
+    """Join the process group that torchrun describes in the environment; return this process's device."""
+    # TODO: on a GPU node: this process's GPU (its local rank picks it), made the current device, and the NCCL
+    #       backend; else the CPU and Gloo. Join with a `timeout` in seconds. Read: section 2 above; in the torch
+    #       docs, torch.distributed.init_process_group (backend, timeout, device_id) and torch.cuda.set_device.
     raise NotImplementedError("fill in the TODO above")
-    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
-    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
-    # TODO: join this job's process group on `store`, giving up on a missing peer after cfg.timeout seconds.
-    #       Read: torch.distributed.init_process_group in the docs (with a store, what else it must be told).
-    raise NotImplementedError("fill in the TODO above")
-    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
-                  local_world_size=launch.local_world_size, device=device, backend=backend)
-    hangwatch.install(store)  # a collective that waits too long names the rank it waits for (workshop_lib.debug)
+    return device
+
+
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Training batches in a new random order every epoch."""
+    order = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
+
+
+@record  # a rank's error and traceback go into torchrun's failure summary
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv, __doc__)
+    splits = load_splits(cfg)  # bad data stops every rank here, with one line, before any waits for another
+    device = setup(cfg.timeout)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank} of {world_size} on {device}", flush=True)  # every rank speaks
     try:
-        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
-            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
-            check_all_reduce(env)
-            return train(cfg, env)
+        check_all_reduce(device)
+        train_loader = make_loader(splits.train, cfg.batch_size, cfg.seed)
+        dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
+        torch.manual_seed(cfg.seed)
+        model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        report = Reporter(cfg, "step1_process_group", splits, model, world_size) if rank == 0 else None
+
+        best = BestModel()
+        for epoch in range(cfg.epochs):
+            start = time.perf_counter()
+            totals = train_epoch(model, train_loader, optimizer, device)
+            seconds = time.perf_counter() - start
+            if rank == 0:  # every rank trained the same model on the same data: rank 0 alone evaluates, reports
+                dev_auc = evaluate(model, dev_loader, device)
+                best.update(epoch, dev_auc, model)
+                loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
+                report.epoch(epoch, loss, samples, seconds, dev_auc)
+
+        if rank == 0:  # one file for the whole job, written by global rank 0
+            best.restore(model)
+            heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
+            torch.save(model.state_dict(), cfg.out / "model.pt")
+            report.finish(best, evaluate(model, heldout_loader, device))
     finally:
-        dist.destroy_process_group()  # always leave the group, even after an error
+        # TODO: leave the process group, whether the work above ended or raised. Read: "Shutdown" in the
+        #       torch.distributed docs.
+        raise NotImplementedError("fill in the TODO above")
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    main()

@@ -1,5 +1,7 @@
 # Generated from notebooks/03_ddp.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/00_baseline.ipynb)
 # (and cells of notebooks/01_process_group.ipynb)
+# (and cells of notebooks/02_distributed_sampler.ipynb)
 # Edit the cells tagged script:step3_ddp, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 3: DistributedDataParallel keeps the replicas in step; rank 0 evaluates.
@@ -12,127 +14,114 @@ module, and writes the files. Step 4 adds snapshots, to survive a killed rank.
     torchrun --nproc_per_node=2 solutions/step3_ddp.py
 """
 
-from __future__ import annotations
-
-from dataclasses import replace
+import os
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-from workshop_lib import distributed
-from workshop_lib.cli import run_cli
-from workshop_lib.config import TrainConfig, build_parser, parse_config
-from workshop_lib.data import check_shardable, load_splits, make_eval_loader, make_loader
-from workshop_lib.debug import hangwatch
-from workshop_lib.distributed import DistEnv
-from workshop_lib.model import count_parameters
+from workshop_lib.config import parse_args
+from workshop_lib.data import collate, load_splits
+from workshop_lib.metrics import BestModel, evaluate
+from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
-from workshop_lib.train import BestModel, build_model, build_optimizer, evaluate, train_epoch
 
 
-def check_all_reduce(env: DistEnv) -> None:
+def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
+    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
+    model.train()
+    totals = torch.zeros(2, device=device)
+    for tokens, lengths, labels in loader:
+        tokens, labels = tokens.to(device), labels.to(device)
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
+    return totals
+
+
+def check_all_reduce(device: torch.device) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([env.rank + 1.0], device=env.device)
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    expected = env.world_size * (env.world_size + 1) / 2
-    assert value.item() == expected, f"all_reduce gave {value.item()}, expected {expected}"
-    if env.is_main:
-        print(f"all_reduce: sum of (rank + 1) over {env.world_size} ranks = {value.item():g} (expected {expected:g})")
+    world_size = dist.get_world_size()
+    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 
 
-def make_sampler(dataset, cfg: TrainConfig, env: DistEnv) -> DistributedSampler:
-    """This rank's shard of ``dataset``: 1/N of it, in an order that set_epoch reshuffles."""
-    return DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=cfg.seed)
+def setup(timeout: float) -> torch.device:
+    """Join the process group that torchrun describes in the environment; return this process's device."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    return device
 
 
-def replica_spread(model: torch.nn.Module, env: DistEnv) -> float:
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """This rank's shard of the training batches: 1/N of ``dataset``, reshuffled by set_epoch."""
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+
+
+def replica_spread(model: torch.nn.Module) -> float:
     """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree)."""
     mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
-    everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
-def wrap(model: torch.nn.Module, env: DistEnv) -> DDP:
-    """DDP around ``model``: rank 0's weights broadcast now, the gradients averaged in every backward()."""
-    # TODO: return `model` wrapped so that backward() averages its gradients over all ranks. On a GPU, name the
-    #       one device this process's model lives on; a CPU model takes no device list. Read: the exercise's
-    #       text above; torch.nn.parallel.DistributedDataParallel (device_ids) in the torch docs.
-    raise NotImplementedError("fill in the TODO above")
-
-
-def mean_over_ranks(value: float, env: DistEnv) -> float:
-    """The mean of every rank's ``value``, returned on every rank."""
-    total = torch.tensor([value], dtype=torch.float64, device=env.device)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total.item() / env.world_size
-
-
-def train(cfg: TrainConfig, env: DistEnv) -> dict | None:
-    torch.manual_seed(cfg.seed)
-    splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit,
-                         cfg.heldout_frac, cfg.dev_frac, cfg.split_seed)
-    check_shardable(len(splits.train), env.world_size)
-    report = Reporter(cfg, "step3_ddp", env.device, env)
-
-    sampler = make_sampler(splits.train, cfg, env)
-    print(f"rank {env.rank}: {len(sampler)} of {len(splits.train)} training molecules per epoch", flush=True)
-    train_loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-    dev_loader = make_eval_loader(splits.dev)
-
-    model = build_model(cfg, len(splits.tokenizer)).to(env.device)
-    model = wrap(model, env)  # from here on, backward() also averages the gradients across ranks
-    raw_model = model.module  # the plain model inside: evaluate and save this one
-    optimizer = build_optimizer(cfg, model)
-    report.start(len(splits.train), len(splits.dev), len(splits.heldout), count_parameters(model), splits.source)
-
-    best = BestModel()
-    for epoch in range(cfg.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        bar = report.progress(epoch, len(train_loader))
-        stats = train_epoch(model, train_loader, optimizer, env.device, bar)
-        stats = replace(stats, loss=mean_over_ranks(stats.loss, env))  # the log line: every rank's shard
-        spread = replica_spread(model, env)  # every rank takes part in the all_gather
-        # TODO: on global rank 0 only, score the plain model inside the wrapper on the dev split, keep it if it
-        #       is the best so far, and report the epoch (step 2's three lines, changed). Read: section 3 above.
-        raise NotImplementedError("fill in the TODO above")
-
-    heldout_auc = None
-    if env.is_main:
-        best.restore(raw_model)
-        heldout_auc = evaluate(raw_model, make_eval_loader(splits.heldout), env.device)
-    # TODO: save the best weights to cfg.out / "model.pt": one file for the whole job, holding the plain model's
-    #       state_dict (its keys as in step 0). Read: the saving cells of section 3 above.
-    raise NotImplementedError("fill in the TODO above")
-    return report.finish(best, heldout_auc, replica_spread=spread) if env.is_main else None
-
-
-def main(argv: list[str] | None = None) -> dict | None:
-    cfg = parse_config(build_parser(__doc__.splitlines()[0]), argv)
-    launch = distributed.read_launch_env()  # what torchrun told this process; a world of one under plain python
-    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    distributed.check_backend(backend, launch)  # one line, not a CUDA traceback, if this node lacks GPUs
-    device = torch.device("cuda", launch.local_rank) if backend == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # one GPU per process: the local rank picks it on this node
-    distributed.set_threads(launch, device)  # on CPU, each rank its share of the cores
-    store = distributed.rendezvous_store(launch, cfg.timeout)  # fresh keys per restart; in memory under python
-    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
-                            timeout=timedelta(seconds=cfg.timeout))
-    env = DistEnv(rank=dist.get_rank(), local_rank=launch.local_rank, world_size=dist.get_world_size(),
-                  local_world_size=launch.local_world_size, device=device, backend=backend)
-    hangwatch.install(store)  # a collective that waits too long names the rank it waits for (workshop_lib.debug)
+@record  # a rank's error and traceback go into torchrun's failure summary
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv, __doc__)
+    splits = load_splits(cfg)  # bad data stops every rank here, with one line, before any waits for another
+    device = setup(cfg.timeout)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank} of {world_size} on {device}", flush=True)  # every rank speaks
     try:
-        with distributed.failure_relay(store, env, cfg.timeout):  # a rank that fails tells the others why
-            print(f"hello from {env.describe()}", flush=True)  # every rank speaks
-            check_all_reduce(env)
-            return train(cfg, env)
+        check_all_reduce(device)
+        train_loader = make_loader(splits.train, cfg.batch_size, cfg.seed)
+        dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
+        torch.manual_seed(cfg.seed)
+        model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
+        # TODO: wrap `model` so that backward() averages its gradients over the ranks: on a GPU, name this
+        #       process's device; a CPU model takes no device list. Read: "The wrapper" above;
+        #       torch.nn.parallel.DistributedDataParallel (device_ids) in the torch docs.
+        raise NotImplementedError("fill in the TODO above")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None
+
+        best = BestModel()
+        for epoch in range(cfg.epochs):
+            train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+            start = time.perf_counter()
+            totals = train_epoch(model, train_loader, optimizer, device)
+            seconds = time.perf_counter() - start
+            dist.all_reduce(totals)  # summed over the ranks: the loss of the whole epoch, every molecule
+            spread = replica_spread(model)  # every rank takes part in the all_gather
+            # TODO: on global rank 0 only, score the plain model inside the wrapper on the dev split, keep it if it
+            #       is the best so far, and report the epoch (step 2's lines, changed). Read: section 3 above.
+            raise NotImplementedError("fill in the TODO above")
+
+        if rank == 0:  # one file for the whole job, the plain model's weights
+            best.restore(model.module)
+            heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
+            # TODO: save the best weights to cfg.out / "model.pt", as the plain model's state_dict (its keys as in
+            #       step 0). Read: the saving cells of section 3 above.
+            raise NotImplementedError("fill in the TODO above")
+            report.finish(best, evaluate(model.module, heldout_loader, device), replica_spread=spread)
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    main()

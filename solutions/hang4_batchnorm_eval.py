@@ -2,24 +2,26 @@
 # Edit the cells tagged script:hang4_batchnorm_eval, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 8
+    torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_....py --limit 447 --epochs 1 --timeout 8 \
+        --batch-size 32
 
-(exercises/ holds the broken versions, solutions/ the fixed ones.)
+(``-m workshop_lib.watch`` attaches the hang watch; exercises/ holds the broken versions, solutions/ the fixed ones.
+The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.)
 """
 
+import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-from workshop_lib import distributed
-from workshop_lib.cli import run_cli
-from workshop_lib.config import TrainConfig, build_parser, parse_config
-from workshop_lib.data import load_splits, make_eval_loader, make_loader
-from workshop_lib.debug import hangwatch
-from workshop_lib.train import build_model, build_optimizer, evaluate, train_epoch
+from workshop_lib.config import TrainConfig, parse_args
+from workshop_lib.data import collate, load_splits
+from workshop_lib.metrics import evaluate
+from workshop_lib.model import SmilesLSTM
 
 
 def replica_spread(model: torch.nn.Module, world_size: int) -> float:
@@ -31,41 +33,52 @@ def replica_spread(model: torch.nn.Module, world_size: int) -> float:
 
 
 def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
-    splits = load_splits(cfg.data, limit=cfg.limit)
+    splits = load_splits(cfg)
     sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
-    loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-    model = build_model(cfg, len(splits.tokenizer))
+    loader = DataLoader(splits.train, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate)
+    dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
+    torch.manual_seed(cfg.seed)
+    model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
     model.head.insert(1, torch.nn.BatchNorm1d(cfg.hidden))  # normalise the head's hidden layer
     model = DDP(model.to(device))
-    optimizer = build_optimizer(cfg, model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
-        loader.batch_sampler.set_epoch(epoch)
-        stats = train_epoch(model, loader, optimizer, device)
+        loader.sampler.set_epoch(epoch)
+        model.train()
+        steps, total = 0, 0.0
+        for tokens, lengths, labels in loader:
+            tokens, labels = tokens.to(device), labels.to(device)
+            loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps, total = steps + 1, total + loss.item()
         spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
-        loss = torch.tensor([stats.loss], device=device)  # (1,) this rank's mean training loss
-        dist.all_reduce(loss)  # summed over the ranks
+        epoch_loss = torch.tensor([total / steps], device=device)  # (1,) this rank's mean training loss
+        dist.all_reduce(epoch_loss)  # summed over the ranks
         if rank == 0:
-            dev_auc = evaluate(model.module, make_eval_loader(splits.dev), device)
-            print(f"epoch {epoch + 1}: {stats.steps} steps, loss {loss.item() / world_size:.4f}, "
+            dev_auc = evaluate(model.module, dev_loader, device)
+            print(f"epoch {epoch + 1}: {steps} steps, loss {epoch_loss.item() / world_size:.4f}, "
                   f"dev ROC AUC {dev_auc:.4f}, replica spread {spread:g}")
     spread = replica_spread(model, world_size)
     if rank == 0:
-        print(f"done: {stats.steps} steps per rank, replica spread {spread:g}")
+        print(f"done: {steps} steps per rank, replica spread {spread:g}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(build_parser("a hang-lab script of notebooks/05_when_it_hangs.ipynb"), argv)
-    launch = distributed.read_launch_env()
-    device = torch.device("cuda", launch.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if device.type == "cuda":
+    cfg = parse_args(argv, __doc__)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=cfg.timeout))
-    hangwatch.install(threshold=min(5.0, cfg.timeout / 2))  # a collective waiting this long: who is missing, where
+        dist.init_process_group("nccl", timeout=timedelta(seconds=cfg.timeout), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.timeout))
     try:
-        train(cfg, launch.rank, launch.world_size, device)
+        train(cfg, dist.get_rank(), dist.get_world_size(), device)
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # always leave the group, even after an error
 
 
 if __name__ == "__main__":
-    raise SystemExit(run_cli(main))
+    main()

@@ -1,3 +1,5 @@
+# Generated from notebooks/00_baseline.ipynb by `python -m workshop_lib.build`: do not edit.
+# Edit the cells tagged script:step0_baseline, then rebuild.
 """Step 0: the single-process baseline.
 
 One process trains a bidirectional LSTM to tell whether a molecule crosses
@@ -19,12 +21,6 @@ from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
 
 
-def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
-    """Training batches in a new random order every epoch."""
-    order = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
-
-
 def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
     """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
     model.train()
@@ -37,6 +33,12 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
         optimizer.step()
         totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
     return totals
+
+
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Training batches in a new random order every epoch."""
+    order = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
 
 
 def main(argv: list[str] | None = None) -> None:

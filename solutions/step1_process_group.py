@@ -1,3 +1,6 @@
+# Generated from notebooks/01_process_group.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/00_baseline.ipynb)
+# Edit the cells tagged script:step1_process_group, then rebuild.
 """Step 1: a process group started by torchrun.
 
 torchrun starts one copy of this script per process and tells each copy its
@@ -25,32 +28,6 @@ from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
 
 
-def setup(timeout: float) -> torch.device:
-    """Join the process group that torchrun describes in the environment; return this process's device."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
-    return device
-
-
-def check_all_reduce(device: torch.device) -> None:
-    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([dist.get_rank() + 1.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    world_size = dist.get_world_size()
-    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
-
-
-def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
-    """Training batches in a new random order every epoch."""
-    order = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
-
-
 def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
     """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
     model.train()
@@ -63,6 +40,32 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
         optimizer.step()
         totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
     return totals
+
+
+def check_all_reduce(device: torch.device) -> None:
+    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    world_size = dist.get_world_size()
+    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
+
+
+def setup(timeout: float) -> torch.device:
+    """Join the process group that torchrun describes in the environment; return this process's device."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    return device
+
+
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Training batches in a new random order every epoch."""
+    order = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
 
 
 @record  # a rank's error and traceback go into torchrun's failure summary

@@ -1,3 +1,7 @@
+# Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/00_baseline.ipynb)
+# (and cells of notebooks/01_process_group.ipynb)
+# Edit the cells tagged script:step2_sampler, then rebuild.
 """Step 2: DistributedSampler gives every rank its own shard of the data.
 
 Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
@@ -25,6 +29,28 @@ from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
 
 
+def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
+    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
+    model.train()
+    totals = torch.zeros(2, device=device)
+    for tokens, lengths, labels in loader:
+        tokens, labels = tokens.to(device), labels.to(device)
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
+    return totals
+
+
+def check_all_reduce(device: torch.device) -> None:
+    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    world_size = dist.get_world_size()
+    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
+
+
 def setup(timeout: float) -> torch.device:
     """Join the process group that torchrun describes in the environment; return this process's device."""
     if torch.cuda.is_available():
@@ -35,14 +61,6 @@ def setup(timeout: float) -> torch.device:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
-
-
-def check_all_reduce(device: torch.device) -> None:
-    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([dist.get_rank() + 1.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    world_size = dist.get_world_size()
-    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 
 
 def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
@@ -57,20 +75,6 @@ def replica_spread(model: torch.nn.Module) -> float:
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return max((w - everyone[0]).abs().max().item() for w in everyone)
-
-
-def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
-    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
-    model.train()
-    totals = torch.zeros(2, device=device)
-    for tokens, lengths, labels in loader:
-        tokens, labels = tokens.to(device), labels.to(device)
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
-    return totals
 
 
 @record  # a rank's error and traceback go into torchrun's failure summary

@@ -1,3 +1,8 @@
+# Generated from notebooks/04a_patterns.ipynb by `python -m workshop_lib.build`: do not edit.
+# (and cells of notebooks/00_baseline.ipynb)
+# (and cells of notebooks/01_process_group.ipynb)
+# (and cells of notebooks/02_distributed_sampler.ipynb)
+# Edit the cells tagged script:step4_snapshots, then rebuild.
 """Step 4: snapshots; a run that was killed or interrupted resumes where it stopped.
 
 Step 3 plus four calls of workshop_lib.checkpoint. After every epoch global
@@ -7,7 +12,8 @@ reseeds from (seed, epoch, rank), so a resumed run ends with the numbers of
 an uninterrupted one.
 
     torchrun --nproc_per_node=2 solutions/step4_snapshots.py
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc_per_node=2 --max-restarts=1 solutions/step4_snapshots.py
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 --max-restarts=1 \
+        solutions/step4_snapshots.py
 
 The variable works around a restart bug of torchrun 2.13's shared store
 (docs/reference/restarts.md): with it, a restarted group joins afresh.
@@ -32,6 +38,28 @@ from workshop_lib.model import SmilesLSTM
 from workshop_lib.report import Reporter
 
 
+def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
+    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
+    model.train()
+    totals = torch.zeros(2, device=device)
+    for tokens, lengths, labels in loader:
+        tokens, labels = tokens.to(device), labels.to(device)
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
+    return totals
+
+
+def check_all_reduce(device: torch.device) -> None:
+    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    world_size = dist.get_world_size()
+    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
+
+
 def setup(timeout: float) -> torch.device:
     """Join the process group that torchrun describes in the environment; return this process's device."""
     if torch.cuda.is_available():
@@ -42,14 +70,6 @@ def setup(timeout: float) -> torch.device:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
-
-
-def check_all_reduce(device: torch.device) -> None:
-    """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([dist.get_rank() + 1.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    world_size = dist.get_world_size()
-    assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 
 
 def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
@@ -64,20 +84,6 @@ def replica_spread(model: torch.nn.Module) -> float:
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(everyone, mine)
     return max((w - everyone[0]).abs().max().item() for w in everyone)
-
-
-def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
-    """One pass over ``loader``; returns [the summed loss, the number of molecules] of this process."""
-    model.train()
-    totals = torch.zeros(2, device=device)
-    for tokens, lengths, labels in loader:
-        tokens, labels = tokens.to(device), labels.to(device)
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
-    return totals
 
 
 @record  # a rank's error and traceback go into torchrun's failure summary

@@ -1,5 +1,9 @@
 """Shared fixtures: tiny CSVs, runners for the step scripts with hard timeouts, and the `slow` marker.
 
+The step scripts run under torchrun. In-process tests call a script's ``main``
+in a world of one (:func:`world_of_one`: the variables torchrun would set for one
+process, the store on a free port), so its ``init_process_group`` runs as written.
+
 `slow` marks whatever starts processes (torchrun, forked ranks, notebooks): the
 quick loop is ``pytest -m "not slow"``. Tests say so with ``@pytest.mark.slow``;
 the hook below also marks every nbval notebook cell, and any test whose code
@@ -9,11 +13,15 @@ out of the quick loop.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import inspect
 import os
 import re
 import subprocess
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -31,10 +39,16 @@ BBBP_STYLE = """num,name,p_np,smiles
 """
 
 
+# What torchrun sets in a worker's environment: a child of a test must not inherit it.
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+               "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+               "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+               "TORCHELASTIC_ERROR_FILE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
+
+
 def cpu_env(**extra: str) -> dict[str, str]:
-    """Environment for a child process: one thread per rank, no torchrun leftovers."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    """Environment for a child process: one thread per rank, no GPU, no torchrun leftovers."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", **extra)
     return env
 
@@ -50,6 +64,57 @@ def run_torchrun(script: str | Path, args: list[str], nproc: int = 2, timeout: f
     cmd = [sys.executable, "-m", "torch.distributed.run", *launcher_args, f"--nproc_per_node={nproc}",
            str(script), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cpu_env(**env))
+
+
+def load_step(name: str):
+    """A step script of solutions/ as a module (nothing runs: its main is under ``__name__ == "__main__"``)."""
+    spec = importlib.util.spec_from_file_location(name, SOLUTIONS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    """torchrun's variables for one process, so a step script's ``main`` joins a real gloo group of one.
+
+    MASTER_PORT=0: rank 0's store binds a free port itself. One thread, as each rank under torchrun.
+    (``@record`` cannot enable faulthandler on pytest's captured stderr: it warns, harmlessly.)
+    """
+    warnings.filterwarnings("ignore", "Unable to enable fault handler", UserWarning)  # undone after the test
+    for name in LAUNCH_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(name, value)
+    threads = torch_threads(1)
+    yield
+    torch_threads(threads)
+
+
+@contextlib.contextmanager
+def raises_in_process(exception, match: str | None = None):
+    """``pytest.raises`` for a step script's main run in-process, then 0.1 s with the traceback still alive.
+
+    A torch 2.13 deadlock, seen here (1 run of test_checkpoint.py in ~20, under load): when main fails right
+    after a collective, its traceback holds the DDP model, whose reducer holds the gloo group. If the traceback
+    is dropped before gloo's worker thread has released its last tensor of that collective (it needs the GIL),
+    ~ProcessGroupGloo joins that thread while holding the GIL, and both wait for ever. A pause keeps the frames
+    (and so the group) alive while the thread finishes; the lab's forked ranks do the same before they leave
+    (``workshop_lib.lab.joining.let_gloo_finish``).
+    """
+    with pytest.raises(exception, match=match) as info:
+        yield info
+    time.sleep(0.1)
+
+
+def torch_threads(n: int) -> int:
+    """Set torch's intra-op threads; return the number before."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return before
 
 
 @pytest.fixture

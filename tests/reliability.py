@@ -29,8 +29,12 @@ from workshop_lib.debug.stacks import pyspy_exe
 STEP3 = SOLUTIONS / "step3_ddp.py"
 STEP4 = SOLUTIONS / "step4_snapshots.py"  # step 3 with snapshots: the script that survives restarts
 # Small and quick, but several optimizer steps per epoch so a kill can land inside one.
-RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-progress", "--no-tensorboard"]
+RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-tensorboard"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# In torchrun's environment whenever it may restart the group (--max-restarts): torch 2.13's agent otherwise
+# shares its TCP store with the workers, and a restarted round can find the dead round's keys
+# (docs/reference/restarts.md; tests/integration/test_restarts.py).
+RESTARTS = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def listening(port: int) -> bool:
@@ -59,7 +63,7 @@ def alive(pid: int) -> bool:
 class Launch:
     """A command started in its own session; its output is collected live by a thread."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, cwd: Path = REPO):
+    def __init__(self, cmd: list, env: dict[str, str] | None = None, cwd: Path = REPO):
         self.cmd = [str(c) for c in cmd]
         self.proc = subprocess.Popen(self.cmd, cwd=cwd, env=env or cpu_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -132,10 +136,13 @@ def stop(launch: Launch, grace: float = 5.0) -> None:
         launch.proc.wait(timeout=grace)
 
 
-def torchrun(args: list, nproc: int = 2, port: int | None = None, launcher: tuple = ()) -> Launch:
-    """torchrun on this machine: --standalone (its store binds a free port itself), or the static rendezvous on ``port``."""
+def torchrun(args: list, nproc: int = 2, port: int | None = None, launcher: tuple = (), **env: str) -> Launch:
+    """torchrun on this machine: --standalone (its store binds a free port itself), or the static rendezvous on ``port``.
+
+    ``env``: more variables for torchrun's environment (``**RESTARTS`` with ``--max-restarts``).
+    """
     where = [f"--master-port={port}"] if port else ["--standalone"]
-    return Launch([*TORCHRUN, f"--nproc_per_node={nproc}", *where, *launcher, *args])
+    return Launch([*TORCHRUN, f"--nproc_per_node={nproc}", *where, *launcher, *args], env=cpu_env(**env))
 
 
 def same_results(a: dict, b: dict) -> None:

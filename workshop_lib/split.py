@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import InputError
 
 
 def _approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
@@ -69,6 +69,6 @@ def stratified_split(labels: np.ndarray, heldout_frac: float, dev_frac: float,
         rest, heldout = stratified_holdout(labels, heldout_frac, seed)
         train, dev = stratified_holdout(labels[rest], dev_frac, seed)
     except ValueError as err:
-        raise WorkshopError(f"cannot split {len(labels)} molecules into train/dev/heldout with both classes in "
+        raise InputError(f"cannot split {len(labels)} molecules into train/dev/heldout with both classes in "
                             f"each ({err}); use more molecules (--limit 100 or more)") from None
     return np.sort(rest[train]), np.sort(rest[dev]), np.sort(heldout)

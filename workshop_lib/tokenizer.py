@@ -6,7 +6,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import InputError
 
 # One token per atom or bond symbol: bracket atoms ([nH], [C@@H], [N+]) and the
 # two-letter halogens Cl and Br stay whole; ring closures %NN are one token.
@@ -40,7 +40,7 @@ class SmilesTokenizer:
                     break
                 pos = at + len(tok)
             where = f" in row {row + 2}" if row is not None else ""
-            raise WorkshopError(f"SMILES {smiles[:60]!r}{where} has a character the tokenizer does not know: "
+            raise InputError(f"SMILES {smiles[:60]!r}{where} has a character the tokenizer does not know: "
                                 f"{smiles[pos]!r} at position {pos}; fix or remove that molecule")
         return tokens
 

@@ -43,6 +43,8 @@ def test_dry_run_plans_both_recipes_and_scaling_at_each_global_batch(bbbp_style_
         assert per_process * j["procs"] == j["global_batch"]
         assert f"--nproc_per_node={j['procs']}" in j["cmd"]
         assert j["threads"] == (int(j["name"].split("x")[1]) if j["procs"] == 1 else 1)
+        assert not {"--backend", "--no-progress"} & set(j["cmd"])  # flags the scripts no longer have
+        assert j["device"] == "cpu"  # run with CUDA_VISIBLE_DEVICES=: gloo, on a GPU node too
     assert any(j["group"] == "notebooks" and "--nbval" in j["cmd"] for j in jobs)
 
 
@@ -101,12 +103,21 @@ def test_ratios_compare_figures_of_the_same_run():
     assert not any("512" in k and "2 threads" in k for k in r)  # no 1x2 run at 512: no ratio made up
 
 
+def test_a_cpu_job_hides_the_gpus_and_a_gpu_job_does_not(monkeypatch):
+    """No --backend flag: the scripts pick nccl whenever CUDA is available, so a CPU job hides the GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("RANK", "3")  # a surrounding job's launch variables never reach a benchmark's
+    assert bench.child_env(1, "cpu")["CUDA_VISIBLE_DEVICES"] == ""
+    assert bench.child_env(None, "cuda")["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "RANK" not in bench.child_env(1) and bench.child_env(1)["OMP_NUM_THREADS"] == "1"
+
+
 @pytest.mark.timeout(120)
 def test_rank_rss_records_every_rank_of_a_real_torchrun(tmp_path):
-    """The wrapper must record even though workshop workers leave with os._exit."""
+    """The runpy wrapper records each rank's peak memory when the step script ends."""
     rss = tmp_path / "rss"
     cmd = [*bench.torchrun(2), str(bench.RANK_RSS), str(rss), str(bench.STEP3), "--limit", "120", "--epochs", "1",
-           "--no-progress", "--no-tensorboard", "--out", str(tmp_path / "out")]
+           "--no-tensorboard", "--out", str(tmp_path / "out")]
     proc = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = bench.collect(tmp_path / "out", rss)

@@ -16,9 +16,9 @@ from workshop_lib.lab.launch import LaunchError, torchrun
 
 # Where each rank of each broken lab waits (a piece of its line's code) and why: what a learner reads.
 HANGS = {
-    "hang1_rank0_only": ({0: "if rank == 0 else None", 1: "dist.all_reduce(loss)"}, "skipped"),
-    "hang2_uneven": ({0: "stats = train_epoch(", 1: "spread = replica_spread("}, "batches"),
-    "hang3_shapes": ({0: "dist.all_reduce(loss)", 1: "dist.all_reduce(loss)"}, "shapes"),
+    "hang1_rank0_only": ({0: "if rank == 0 else None", 1: "dist.all_reduce(epoch_loss)"}, "skipped"),
+    "hang2_uneven": ({0: "loss.backward()", 1: "spread = replica_spread("}, "batches"),
+    "hang3_shapes": ({0: "dist.all_reduce(epoch_loss)", 1: "dist.all_reduce(epoch_loss)"}, "shapes"),
     "hang4_batchnorm_eval": ({0: "dev_auc = evaluate(model,", 1: "spread = replica_spread("}, "skipped"),
 }
 
@@ -64,17 +64,38 @@ def swap(*pairs: tuple[str, str]):
     return edit
 
 
-TRAIN_EPOCH = "        stats = train_epoch(model, loader, optimizer, device)"
+LOOP = "        for tokens, lengths, labels in loader:\n"
+
+
+def inside(context: str):
+    """An edit of the train() cell: the training loop (the ``for`` over the loader and its body) in ``with context:``."""
+    def edit(text: str) -> str:
+        before, rest = text.split(LOOP)
+        body = rest.splitlines(keepends=True)
+        n = next(i for i, line in enumerate(body) if not line.startswith(" " * 12))  # the first line after the loop
+        return before + f"        with {context}:\n    " + LOOP + "".join("    " + line for line in body[:n]) + \
+            "".join(body[n:])
+    return edit
+
+
+def both(*edits):
+    def edit(text: str) -> str:
+        for e in edits:
+            text = e(text)
+        return text
+    return edit
+
+
 WRONG_FIXES = {
     # the error is gone, and so is the averaging: no_sync() skips the reduction that the unused head stalled
-    "replicas differ": ("hang5_unused", swap(
-        ("model = DDP(model.to(device), find_unused_parameters=True)", "model = DDP(model.to(device))"),
-        (TRAIN_EPOCH, "        with model.no_sync():\n    " + TRAIN_EPOCH))),
-    # uneven shards kept, and join() lets the rank that runs out shadow the other's all-reduces: it ends
-    "steps differ": ("hang2_uneven", swap(
-        ("sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)",
-         "sampler = range(rank, len(splits.train), world_size)"),
-        (TRAIN_EPOCH, "        with model.join():\n    " + TRAIN_EPOCH))),
+    "replicas differ": ("hang5_unused", both(swap(
+        ("model = DDP(model.to(device), find_unused_parameters=True)", "model = DDP(model.to(device))")),
+        inside("model.no_sync()"))),
+    # uneven shares kept, and join() lets the rank that runs out shadow the other's all-reduces: it ends
+    "steps differ": ("hang2_uneven", both(swap(
+        ("train_set = splits.train  # every molecule: the sampler deals them out",
+         "train_set = torch.utils.data.Subset(splits.train, range(rank, len(splits.train), world_size))")),
+        inside("model.join()"))),
     # no more hang (no buffer broadcast), but rank 0 still evaluates through the wrapper
     "through the wrapper": ("hang4_batchnorm_eval", swap(
         ("model = DDP(model.to(device))", "model = DDP(model.to(device), broadcast_buffers=False)"),
@@ -93,6 +114,12 @@ SAID = {
 }
 
 
+def test_the_loop_edit_puts_the_whole_loop_in_the_block():
+    text = "    x\n" + LOOP + "            a\n            b\n        after\n"
+    assert inside("model.join()")(text) == ("    x\n        with model.join():\n            for tokens, lengths, labels "
+                                            "in loader:\n                a\n                b\n        after\n")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mistake", list(WRONG_FIXES))
@@ -106,14 +133,18 @@ def test_a_wrong_fix_is_named_in_one_line(mistake):
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_terminal_version_of_a_broken_lab_hangs_and_its_watch_explains(monkeypatch, tmp_path):
-    """exercises/hang1_rank0_only.py under torchrun, as the notebook tells a learner to try it in a terminal."""
+def test_the_terminal_version_of_a_broken_lab_hangs_and_its_watch_explains(monkeypatch, tmp_path, capsys):
+    """exercises/hang1_rank0_only.py under torchrun with the watch attached, as its docstring tells a learner to run it."""
     record = tmp_path / "hang.json"
     monkeypatch.setenv(hangreport.RECORD_VARIABLE, str(record))  # the ranks' watch saves its block there too
     with pytest.raises(LaunchError) as err:  # the group's 8 s timeout ends it, well before the launch's limit
-        torchrun(build.EXERCISES / "hang1_rank0_only.py", 2, ["--limit", "447", "--epochs", "1", "--batch-size", "32",
-                                                              "--timeout", "8", "--no-tensorboard"],
-                 out=False, timeout=150, progress=False, show=None)
+        torchrun(build.EXERCISES / "hang1_rank0_only.py", 2, ["--limit", "447", "--epochs", "1", "--timeout", "8",
+                                                              "--batch-size", "32", "--no-tensorboard"],
+                 out=False, timeout=150, progress=False, show=None)  # -m workshop_lib.watch, as the docstring says
+    shown = capsys.readouterr().out
+    assert "$ torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hang1_rank0_only.py " in shown
+    assert "torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_" in build.EXERCISES.joinpath(
+        "hang1_rank0_only.py").read_text()  # what its docstring tells a learner to type
     said = hangreport.block(err.value.output)
     text = "\n".join(said)
     saved = hangreport.load(record)

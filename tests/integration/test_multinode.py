@@ -9,7 +9,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.reliability import RUN, STEP4, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
-from workshop_lib.distributed import read_launch_env
+
+FAULT_WORKER = REPO / "tests" / "workers" / "fault_worker.py"
 
 
 def nodes(args: list, run_id: str, head_args: tuple = (), other_args: tuple = ()) -> list[Launch]:
@@ -46,26 +47,25 @@ def test_two_nodes_train_like_one_node_with_two_processes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_rank_failing_on_the_other_node_is_named_and_the_rest_exit_in_time():
-    """No shared agent to kill the survivor: it must notice by itself and say which rank failed."""
+    """No shared agent: the survivor's collective fails at once (gloo), and each node's torchrun names its own rank.
+
+    The failed rank's node shows its traceback in its failure summary (``@record``); the survivor's shows gloo's
+    "Connection closed by peer" (or "reset"), long before its --timeout.
+    """
     timeout = 60
     # The rank on the second node fails; the first node, which hosts the rendezvous store, survives it.
-    launches = nodes([REPO / "tests" / "workers" / "fault_worker.py", "raise", timeout], "workshop-multinode-fault",
+    launches = nodes([FAULT_WORKER, "raise", timeout], "workshop-multinode-fault",
                      head_args=("survive",), other_args=("fail",))
     try:
         assert launches[0].wait_for(lambda: "fails now" in launches[1].output, 90), launches[1].output[-3000:]
-        codes = [launch.wait(timeout=timeout + 30) for launch in launches]
+        codes = [launch.wait(timeout=timeout / 2) for launch in launches]  # well before the survivor's timeout
     finally:
         for launch in launches:
             stop(launch)
     output = "\n".join(launch.output for launch in launches)
     assert all(code != 0 for code in codes), output[-3000:]
-    assert "lost contact" not in output  # the survivor learnt of the failure from the store, not by timing out
+    assert "Timed out" not in output
     failed = re.search(r"rank (\d) fails now", launches[1].output).group(1)
-    survivor = 1 - int(failed)
-    assert (f"[rank {survivor}] error: rank {failed} failed (RuntimeError: rank {failed} raised on purpose); "
-            "this rank stopped with it") in launches[0].output, output[-3000:]
-
-
-def test_the_rendezvous_defaults_to_localhost():
-    assert read_launch_env({}).master_addr == "127.0.0.1"
-    assert read_launch_env({"WORLD_SIZE": "2", "RANK": "1"}).master_addr == "127.0.0.1"
+    summary = launches[1].output.rsplit("ChildFailedError", 1)[1]
+    assert f"RuntimeError: rank {failed} raised on purpose" in summary, summary
+    assert re.search(r"Connection (closed|reset) by peer", launches[0].output), launches[0].output[-3000:]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import psutil  # noqa: F401 (imported before a test sets sys.platform to "darwin": psutil picks its backend by it)
 import pytest
 import torch.distributed as dist
 

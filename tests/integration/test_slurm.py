@@ -4,6 +4,8 @@ The daemons run as root with their own config, keys, ports and spool in a tmp
 dir (ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, one node named
 after ``hostname -s``), and are stopped, with every job process, at the end.
 Skipped where SLURM is not installed (apt-get install slurm-wlm munge) or not root.
+The script's own logic (the command it hands to srun, its environment, its
+quoting) is also checked without SLURM, with stand-ins for ``scontrol`` and ``srun``.
 """
 
 from __future__ import annotations
@@ -193,6 +195,65 @@ def test_sbatch_trains_step4_like_torchrun(cluster, tmp_path):
     assert f"1 node(s) x 2 process(es), rendezvous {host}:" in text, text[-3000:]
     assert not list(tmp_path.rglob("pwned")) and not (REPO / "pwned").exists()
     same_results(json.loads((out / "metrics.json").read_text()), reference_metrics())
+
+
+def _rank_of_job(conf: str, rank: str) -> int | None:
+    """The pid of the job's worker with RANK ``rank`` (it carries our SLURM_CONF), if it is running."""
+    for proc in psutil.process_iter():
+        env = environ_of(proc.pid)
+        if env.get("SLURM_CONF") == conf and env.get("RANK") == rank and "TORCHELASTIC_RUN_ID" in env:
+            return proc.pid
+    return None
+
+
+@needs_slurm[0]
+@needs_slurm[1]
+@needs_slurm[2]
+@pytest.mark.timeout(300)
+def test_a_rank_killed_under_sbatch_restarts_and_the_job_ends_as_an_uninterrupted_one(cluster, tmp_path):
+    """The sbatch script's --max-restarts and its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, on a real SIGKILL."""
+    out, log = tmp_path / "out", tmp_path / "job.out"
+    job = subprocess.run([_which("sbatch"), "--parsable", "--nodes=1", f"--cpus-per-task={os.cpu_count()}",
+                          f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step4_snapshots.py", *RUN,
+                          "--out", str(out)],
+                         env={**cluster, "NPROC_PER_NODE": "2"}, capture_output=True, text=True, timeout=30)
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip().split(";")[0]
+    end = time.monotonic() + 180  # epoch 1's snapshot: rank 0 has gone on to epoch 2
+    while not (out / "snapshot.pt").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    victim = _rank_of_job(cluster["SLURM_CONF"], "1")
+    assert victim, log.read_text()[-3000:] if log.exists() else "no job output"
+    os.kill(victim, signal.SIGKILL)
+    state = _wait_for_job(job_id, cluster, timeout=200)
+    text = log.read_text() if log.exists() else ""
+    assert state == ("COMPLETED", "0:0"), (state, text[-3000:])
+    assert "resuming from" in text, text[-3000:]
+    same_results(json.loads((out / "metrics.json").read_text()), reference_metrics())
+
+
+def test_the_script_hands_srun_one_torchrun_per_node_with_the_restart_workaround(tmp_path):
+    """Without SLURM: stand-ins for scontrol and srun; srun's stand-in prints what it would run, one item a line."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\nprintf 'node-a\\nnode-b\\n'\n")
+    variable = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    (bin_dir / "srun").write_text(f"#!/bin/bash\necho \"{variable}=${variable}\"\nprintf '%s\\n' \"$@\"\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    out = "out dir;$(touch pwned)"
+    env = {**cpu_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
+           "SLURM_JOB_ID": "12345", "SLURM_JOB_NUM_NODES": "2"}
+    p = subprocess.run(["bash", str(SBATCH), "solutions/step4_snapshots.py", "--epochs", "3", "--out", out],
+                       capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "job 12345: 2 node(s) x 1 process(es), rendezvous node-a:32345"
+    assert lines[1] == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    assert lines[2:] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "torchrun", "--nnodes=2", "--nproc_per_node=1",
+                         "--rdzv-backend=c10d", "--rdzv-endpoint=node-a:32345", "--rdzv-id=12345", "--max-restarts=1",
+                         "solutions/step4_snapshots.py", "--epochs", "3", "--out", out]  # one argument, never run
+    assert not list(tmp_path.rglob("pwned"))
 
 
 def test_sbatch_script_without_a_training_script_says_so():

@@ -1,16 +1,20 @@
-"""Two ranks made to wait on purpose, for the hangwatch and diagnose tests: hang_worker.py MODE TIMEOUT THRESHOLD.
+"""Two ranks made to wait on purpose, for the hang watch and diagnose tests: hang_worker.py MODE TIMEOUT.
 
-Every rank joins a gloo group and installs the watch; after one all_reduce,
-rank 1 goes elsewhere, as MODE says, while rank 0 enters all_reduce number 2:
+A plain script: it joins a gloo group through env:// and holds no line of the
+watch, which the tests attach from outside (``torchrun ... -m workshop_lib.watch
+--after S hang_worker.py MODE TIMEOUT``). After one all_reduce, rank 1 goes
+elsewhere, as MODE says, while rank 0 enters all_reduce number 2:
 
 * ``busy``: rank 1 sits in ``evaluate()`` until the watch has saved its block (``WORKSHOP_HANG_RECORD``),
   then joins: the diagnosis is certain to come first, and the job still finishes;
 * ``exit``: rank 1 leaves the job (destroy_process_group) and ends;
-* ``wait``: rank 1 sits in ``evaluate()`` until killed (for diagnose).
+* ``wait``: rank 1 sits in ``evaluate()`` until killed (for diagnose);
+* ``clean``: no rank goes elsewhere; at exit each rank says whether torch's functions are torch's own.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -18,8 +22,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
-from workshop_lib.debug import hangreport, hangwatch
+from workshop_lib.debug import hangreport
+
+ORIGINAL_BACKWARD = "torch/autograd/__init__.py"  # where torch's own torch.autograd.backward is defined
 
 
 def evaluate(seconds: float, until_the_watch_speaks: bool = False) -> None:
@@ -31,14 +38,22 @@ def evaluate(seconds: float, until_the_watch_speaks: bool = False) -> None:
         time.sleep(0.05)  # rank 1 is here (or one line up, reading the record)
 
 
+def torchs_own() -> str:
+    """Are the functions a script calls torch's own (not a wrapper)? One line, for the tests to read."""
+    backward = torch.autograd.backward.__code__.co_filename.replace(os.sep, "/").endswith(ORIGINAL_BACKWARD)
+    return (f"destroy_process_group={dist.destroy_process_group is distributed_c10d.destroy_process_group} "
+            f"all_reduce={dist.all_reduce is distributed_c10d.all_reduce} backward={backward}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    mode, timeout, threshold = (argv or sys.argv[1:])[:3]
+    mode, timeout = (argv or sys.argv[1:])[:2]
+    if mode == "clean":
+        atexit.register(lambda: print(f"at exit: {torchs_own()}", flush=True))
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(timeout)))
-    hangwatch.install(threshold=float(threshold))
     x = torch.ones(3)
     dist.all_reduce(x)
-    print(f"rank {dist.get_rank()} ready", flush=True)
-    if dist.get_rank() == 1:
+    print(f"rank {dist.get_rank()} ready; during the run: {torchs_own()}", flush=True)
+    if dist.get_rank() == 1 and mode != "clean":
         if mode == "exit":
             dist.destroy_process_group()
             return

@@ -130,7 +130,8 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
 
     # An error in the learner's hook surfaces in backward(), where the hang watch would print its block about a
     # failed collective; this check names the error itself (every rank runs the same code: nothing can wait alone).
-    hangwatch.uninstall()
+    if hasattr(hangwatch, "uninstall"):
+        hangwatch.uninstall()
     batches = batches_of(env.rank) * rounds  # more steps for the medians; the same batches for every version
     ddp_times, ddp_weights = _timed(_with_ddp, vocab, batches)
     plain_times, _ = _timed(after_backward, vocab, batches)

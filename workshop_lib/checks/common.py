@@ -8,16 +8,8 @@ change; in Jupyter it shows as that one line, without a traceback.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
-import torch
-
-from workshop_lib.config import TrainConfig
-from workshop_lib.distributed import DistEnv
 from workshop_lib.errors import first_line
 
 
@@ -35,12 +27,6 @@ def _passed(message: str) -> None:
 def _missed(message: str) -> None:
     """A prediction that was off: said with a cross, not raised (a guess is not a bug, and Run All goes on)."""
     print(f"\N{BALLOT X} {message}")
-
-
-def _fake_env(rank: int, world_size: int, per_node: int | None = None) -> DistEnv:
-    """Who a rank would be (``per_node`` processes a node), for functions that only read the DistEnv."""
-    per_node = per_node or world_size
-    return DistEnv(rank, rank % per_node, world_size, per_node, torch.device("cpu"), "gloo")
 
 
 # A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
@@ -62,8 +48,7 @@ def _call(fn: Callable, name: str, *args):
         if "not been initialized" not in str(err):
             raise
         raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process group "
-                          f"has not been initialized): tell DistributedSampler this rank's place from env, with "
-                          f"num_replicas= and rank=") from None
+                          f"has not been initialized)") from None
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
@@ -92,27 +77,3 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
         raise CheckFailed(f"a rank failed: {first_line(err, 10_000)}") from None
-
-
-def _spied_train(env: DistEnv, train: Callable, out: str) -> list[dict]:
-    """Run the learner's train with tiny settings as if each rank were alone on its node (local rank 0 on all)."""
-    from dataclasses import replace
-
-    from workshop_lib.checks import record
-
-    rec = record.Recorder()
-    record.record_calls(rec, train.__globals__, "mean_over_ranks")
-    cfg = TrainConfig(limit=200, epochs=2, out=Path(out), progress=False, tensorboard=False, timeout=30)
-    try:
-        with record.spying(rec, train.__globals__), contextlib.redirect_stdout(io.StringIO()):
-            train(cfg, replace(env, local_rank=0, local_world_size=1))
-        rec.add("end", ok=True)
-    except Exception as err:  # the check names it
-        rec.add("end", ok=False, error=type(err).__name__, message=first_line(err, 300))
-    return rec.events
-
-
-def train_on_two_nodes(train: Callable, nprocs: int = 2, timeout: float = 120) -> dict[int, list[dict]]:
-    """What each rank did in ``train(cfg, env)`` (200 molecules, 2 epochs), one rank per "node"."""
-    with tempfile.TemporaryDirectory(prefix="train-check-") as out:
-        return dict(enumerate(run_forked(_spied_train, nprocs, train, out, timeout=timeout, name="train")))

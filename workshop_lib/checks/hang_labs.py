@@ -4,7 +4,9 @@ Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train
 bug: as it is in the exercise notebook, in a BROKEN block above the fix in the solution notebook
 (:mod:`workshop_lib.lab.build`). The lab's cells, as the learner last ran them, run in a fresh namespace
 (under the names ``shared-cell`` and ``train-cell``, so that line numbers are the cells' own) and
-``train()`` runs on two forked ranks with the hang watch installed:
+``train()`` runs on two forked ranks, with the hang watch installed by the fork launcher
+(:func:`workshop_lib.lab.forklaunch.notebook_launch`'s ``hang_after``): the lab's code holds no line of it.
+In a terminal the same scripts run as ``torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_....py``.
 
 * :func:`run_broken` runs the cells' exercise form and prints what the watch says (or each rank's error);
 * :func:`check_prediction` and :func:`check_reading` compare the learner's answer (the line of ``train()``
@@ -33,8 +35,9 @@ NOTEBOOK = "05_when_it_hangs.ipynb"
 # that turns out not to be a deadlock is run again with a longer threshold; a fix's run must not be cut short.
 HANG_AFTER, FIX_HANG_AFTER = 1.5, 8.0
 TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
-# Each lab's batch size: 32 makes 6 and 5 batches of uneven shards (lab 2); BatchNorm needs no batch of 1 (lab 4).
-BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 32, "hang3_shapes": 32, "hang4_batchnorm_eval": 48,
+# Each lab's batch size: 16 makes 6 and 5 batches of lab 2's uneven shards (81 and 80 molecules); BatchNorm needs
+# no batch of 1 (lab 4: shards of 161).
+BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 16, "hang3_shapes": 32, "hang4_batchnorm_eval": 48,
          "hang5_unused": 32}
 TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
 WHY = {
@@ -144,7 +147,7 @@ def _launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Call
     from workshop_lib.lab.launch import LaunchError
 
     train = load(name, broken, notebook, edit)["train"]
-    cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, progress=False, tensorboard=False)
+    cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
     for hang_after in (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,):
         try:
             return Run(name, results=notebook_launch(_rank, 2, train, cfg, timeout=TIMEOUT, hang_after=hang_after))

@@ -142,9 +142,9 @@ def _whoami() -> None:
     import torch
     import torch.distributed as dist
 
-    from workshop_lib import distributed
+    from workshop_lib.lab import joining
 
-    env = distributed.setup("gloo", timeout=30)
+    env = joining.join("gloo", timeout=30)
     try:
         total = torch.ones(1)
         dist.all_reduce(total)  # a 1 from every rank, on both nodes
@@ -152,7 +152,7 @@ def _whoami() -> None:
                 f"{env.world_size}; all_reduce(1) = {total.item():.0f}\n")
         os.write(1, line.encode())  # one write: the ranks of a node share this stdout
     finally:
-        distributed.teardown()
+        joining.leave()
 
 
 if __name__ == "__main__":

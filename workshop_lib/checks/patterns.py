@@ -4,8 +4,8 @@
   in an accumulation of micro-batches, against the ones recorded
   (:func:`recording_allreduces`, with :mod:`workshop_lib.checks.record`'s Recorder);
 * :func:`accumulation`: a training loop that accumulates gradients with ``no_sync``;
-* :func:`snapshots`: step 4's ``train``, run twice on one ``--out``: the second run
-  must resume after the first one's last epoch.
+* :func:`snapshots`: the learner's step 4 script through the script checker, which
+  resumes a second run into the first one's ``--out`` (also ``check.script(path)``).
 
 The two-node command has its own module, :mod:`workshop_lib.checks.nodes`. Same
 contract as ``workshop_lib.checks.common``: a tick line when the learner's code
@@ -15,10 +15,6 @@ works, else CheckFailed with one line naming the mistake.
 from __future__ import annotations
 
 import contextlib
-import io
-import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,6 +22,7 @@ import torch
 
 from workshop_lib.checks.common import CheckFailed, _passed, run_forked
 from workshop_lib.checks.record import Recorder
+from workshop_lib.checks.script import check as script
 from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
@@ -190,63 +187,10 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
 # ------------------------------------------------------------------------------- snapshots (step 4)
 
 
-def _train_twice(env, train: Callable, out: str, epochs: tuple[int, ...]) -> list[tuple[str, dict | None, int | None]]:
-    """``train`` for each number of epochs in turn, on one --out: (rank 0's lines, metrics, epochs in the snapshot)."""
-    from workshop_lib.config import TrainConfig
+def snapshots(path: str | Path) -> None:
+    """The learner's step 4 script, through the script checker: its run, then a resume into the same --out.
 
-    runs = []
-    for n in epochs:
-        cfg = TrainConfig(limit=400, epochs=n, out=Path(out), progress=False, tensorboard=False, timeout=30)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            metrics = train(cfg, env)
-        snapshot = Path(out) / "snapshot.pt"
-        done = torch.load(snapshot, weights_only=True)["epoch"] + 1 if snapshot.is_file() else None
-        runs.append((printed.getvalue(), metrics, done))
-        if done != n:  # the check stops here: no second run without the first one's snapshot
-            break
-    return runs
-
-
-def _trained(printed: str) -> list[int]:
-    return [int(m.group(1)) for m in re.finditer(r"^epoch (\d+)/\d+ ", printed, re.M)]
-
-
-def snapshots(train: Callable, first: int = 2, then: int = 3, timeout: float = 120) -> None:
-    """Run ``train`` on 2 forked ranks for ``first`` epochs, then for ``then`` epochs with the same ``--out``.
-
-    Prints what each run did; passes when the first run left a snapshot of its last epoch and the second
-    resumed from it, trained only the epochs after it, and reports all of them.
+    The resume must start at the snapshot's next epoch and end with the figures of one uninterrupted run
+    (:mod:`workshop_lib.checks.resume`).
     """
-    out = Path(tempfile.mkdtemp(prefix="step4-check-"))
-    try:
-        runs = run_forked(_train_twice, 2, train, str(out), (first, then), timeout=timeout, name="train")[0]
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    for epochs, (printed, _, done) in zip((first, then), runs, strict=False):
-        resumed = next((line for line in printed.splitlines() if line.startswith("resuming from")), None)
-        trained = _trained(printed)
-        print(f"--epochs {epochs}: " + (re.sub(r"from \S*snapshot\.pt", "from snapshot.pt", resumed) + "; "
-                                         if resumed else "") +
-              f"trained epoch{'s' if len(trained) != 1 else ''} {', '.join(map(str, trained)) or 'none'}; "
-              + (f"snapshot.pt holds epoch {done}" if done else "no snapshot.pt"))
-        if done is None:
-            raise CheckFailed(f"no snapshot.pt in --out after {epochs} epochs: call checkpoint.save(...) at the end "
-                              "of every epoch, on every rank (rank 0 writes the file)")
-        if done != epochs:
-            raise CheckFailed(f"after {epochs} epochs the snapshot holds epoch {done}: save at the end of every "
-                              "epoch, with that epoch's number")
-    printed, metrics, _ = runs[1]
-    if not _trained(printed) or _trained(printed)[0] == 1:
-        if "resuming from" not in printed:
-            raise CheckFailed("the second run started again from epoch 1: before the loop, load the latest snapshot "
-                              "(checkpoint.load_latest) and restore it (checkpoint.restore)")
-        raise CheckFailed("the second run found the snapshot but trained from epoch 1 again: start the loop at the "
-                          "epoch checkpoint.restore returns")
-    history = [row["epoch"] + 1 for row in (metrics or {}).get("history", [])]
-    if history != list(range(1, then + 1)):
-        raise CheckFailed(f"metrics.json holds epochs {history}, not 1 to {then}: restore the report too "
-                          "(checkpoint.restore(latest, env, raw_model, optimizer, best, report))")
-    _passed(f"train: the second run resumed after epoch {first} and trained only epoch"
-            f"{'s' if then - first > 1 else ''} {', '.join(map(str, range(first + 1, then + 1)))}; "
-            f"metrics.json holds all {then}")
+    script(path, step=4)

@@ -1,94 +1,80 @@
-"""The exercise checks of notebook 02 (DistributedSampler): disjoint shards, reshuffled every epoch; the spread predicted."""
+"""The checks of notebook 02 (DistributedSampler): the shards each rank's loader read; the spread predicted.
+
+:func:`shards` builds the learner's ``make_loader`` as 4 made-up ranks, 2 on
+each node (so local ranks repeat), over 11 items, with ``dist.get_rank`` and
+``dist.get_world_size`` answering for the made-up rank (nothing is joined),
+and reads 2 epochs from each loader (``loader.sampler.set_epoch`` before each,
+where the sampler has one). The verdict comes from the indices the loaders
+yielded, judged as the script checker judges a real run
+(:mod:`workshop_lib.checks.shards`), then explained from how the samplers
+were built.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import os
 from collections.abc import Callable
 
-from workshop_lib.checks.common import CheckFailed, _call, _fake_env, _missed, _passed, train_on_two_nodes
-from workshop_lib.config import TrainConfig
+import torch
+import torch.distributed as dist
+
+from workshop_lib.checks import record
+from workshop_lib.checks import shards as judged
+from workshop_lib.checks.baseline import tiny_dataset
+from workshop_lib.checks.common import CheckFailed, _call, _missed, _passed
+from workshop_lib.checks.events import passes
+from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
+from workshop_lib.debug.patching import patched
 
 
-def shards(make_sampler: Callable, n: int = 11, world_size: int = 4, per_node: int = 2) -> None:
-    """Build each rank's sampler with ``make_sampler`` and read its epochs 0 and 1 (``set_epoch`` before each).
-
-    The ranks are ``world_size`` made-up processes, ``per_node`` on each node, so
-    their local ranks repeat. The shards must be disjoint up to DistributedSampler's
-    padding, cover all ``n`` items, be shuffled, and change order between epochs.
-    """
-    cfg = TrainConfig()
-    data = list(range(n))
-    got = {}
-    for rank in range(world_size):
-        sampler = _call(make_sampler, "make_sampler", data, cfg, _fake_env(rank, world_size, per_node))
-        for epoch in (0, 1):
-            if not hasattr(sampler, "set_epoch"):
-                raise CheckFailed(f"make_sampler returned a {type(sampler).__name__}, which has no set_epoch: "
-                                  f"return a DistributedSampler")
-            sampler.set_epoch(epoch)
-            got[rank, epoch] = [int(i) for i in sampler]
-    per_rank = math.ceil(n / world_size)
-    for rank in range(world_size):
-        if len(got[rank, 0]) != per_rank:
-            raise CheckFailed(f"rank {rank} got {len(got[rank, 0])} of {n} items, expected {per_rank} "
-                              f"(= ceil({n}/{world_size})): pass num_replicas=env.world_size to DistributedSampler")
-    for rank in range(1, world_size):
-        twin = next((r for r in range(rank) if got[r, 0] == got[rank, 0]), None)
-        if twin is not None and twin == rank % per_node:
-            raise CheckFailed(f"rank {rank} (local rank {rank % per_node}) got the same indices as rank {twin}: pass "
-                              f"the global rank, rank=env.rank; the local rank repeats on every node")
-        if twin is not None:
-            raise CheckFailed(f"rank {rank} got the same indices as rank {twin}: pass rank=env.rank to "
-                              f"DistributedSampler")
-    seen = sorted(i for rank in range(world_size) for i in got[rank, 0])
-    if set(seen) != set(data):
-        raise CheckFailed(f"together the ranks saw {sorted(set(seen))}, not every item of {data}")
-    from torch.utils.data import DistributedSampler
-
-    unshuffled = [list(DistributedSampler(data, world_size, r, shuffle=False)) for r in range(world_size)]
-    if all(got[r, 0] == unshuffled[r] for r in range(world_size)):
-        raise CheckFailed("every shard is in the data's order: pass shuffle=True to DistributedSampler")
-    padded = len(seen) - n
-    _passed(f"{world_size} ranks ({per_node} a node) x {per_rank} items: disjoint shards covering all {n} "
-            f"({padded} padded duplicate{'s' * (padded != 1)}), reshuffled each epoch")
+def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
+    """This process as made-up ``rank`` of ``world_size``: torchrun's variables, and the group's answers."""
+    stack = contextlib.ExitStack()
+    variables = {"RANK": rank, "LOCAL_RANK": rank % per_node, "WORLD_SIZE": world_size,
+                 "LOCAL_WORLD_SIZE": per_node, "GROUP_RANK": rank // per_node}
+    for name, value in variables.items():
+        stack.enter_context(patched(os.environ, name, lambda _, v=value: str(v)))
+    for name, fake in (("get_rank", lambda group=None: rank), ("get_world_size", lambda group=None: world_size),
+                       ("is_initialized", lambda: True)):
+        stack.enter_context(patched(dist, name, lambda _, f=fake: f))
+    return stack
 
 
-def sharded_run(result: dict, nproc: int = 2) -> None:
-    """A step-2 torchrun result: every rank trained on its own 1/N, and the replicas drifted apart."""
-    import re
-
-    sizes = {}
-    for line in getattr(result, "output", []):
-        m = re.match(r"\[rank (\d+)\] rank \d+: (\d+) of (\d+) training molecules", line)
-        if m:
-            sizes[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
-    if sorted(sizes) != list(range(nproc)):
-        raise CheckFailed(f"expected a shard line from each of ranks 0..{nproc - 1}, got ranks {sorted(sizes)}")
-    for rank, (k, n) in sizes.items():
-        if k != math.ceil(n / nproc):
-            raise CheckFailed(f"rank {rank} trained on {k} of {n} molecules per epoch, expected "
-                              f"{math.ceil(n / nproc)}: check make_sampler's num_replicas")
-    spread = result.get("replica_spread")
-    if spread is None or spread <= 0:
-        raise CheckFailed(f"replica_spread is {spread}: without DDP the replicas should drift apart")
-    k, n = sizes[0]
-    _passed(f"each of {nproc} ranks trained on {k} of {n} molecules per epoch; the replicas drifted apart")
+def _read(make_loader: Callable, dataset, rank: int, world_size: int, per_node: int, epochs: int) -> list[dict]:
+    """What one made-up rank's loader read, epoch by epoch (the recorder's events)."""
+    rec = record.Recorder()
+    rec.splits[id(dataset)] = "train"
+    with _as_rank(rank, world_size, per_node), record.recording(rec), contextlib.redirect_stdout(io.StringIO()):
+        loader = _call(make_loader, "make_loader", dataset, 2, 0)
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            raise CheckFailed(f"make_loader returned a {type(loader).__name__}, not a DataLoader: return "
+                              f"DataLoader(dataset, batch_size=..., sampler=..., collate_fn=collate)")
+        for epoch in range(epochs):
+            if hasattr(loader.sampler, "set_epoch"):
+                loader.sampler.set_epoch(epoch)
+            for _ in loader:
+                pass
+    return rec.events
 
 
-def epoch_loop(train: Callable, nprocs: int = 2, timeout: float = 120) -> None:
-    """The step-2 ``train`` on 2 ranks, one per "node": each its own shard, a new order every epoch."""
-    from workshop_lib.checks import rules, step_rules
-
-    events = train_on_two_nodes(train, nprocs, timeout)
-    for rule in (rules.open_todo, step_rules.sharding, rules.crashed, rules.skipped_collective,
-                 step_rules.reshuffling):
-        message = rule(events, world_size=nprocs, epochs=2)
-        if message:
-            raise CheckFailed(message)
-    reads = [e["epoch"] for e in events[0] if e["kind"] == "read_sampler"]
-    _passed(f"train: each of {nprocs} ranks read its own shard; the sampler was read in epochs {reads}, "
-            f"each after its set_epoch")
-
+def shards(make_loader: Callable, n: int = 11, world_size: int = 4, per_node: int = 2, epochs: int = 2) -> None:
+    """``make_loader(dataset, batch_size, seed)`` as each of ``world_size`` ranks: disjoint shards, all of the
+    items together, a new order each epoch."""
+    dataset = tiny_dataset(n)
+    ranks = {r: _read(make_loader, dataset, r, world_size, per_node, epochs) for r in range(world_size)}
+    reads = {r: passes(events, "train") for r, events in ranks.items()}
+    found = judged.read_mistake(reads, n, epochs, what="items")
+    if found is not None:
+        kind, measured = found
+        why = judged.cause(kind, ranks, "train", world_size)
+        raise CheckFailed(f"{measured}: {why}" if why else measured)
+    share = math.ceil(n / world_size)
+    padded = share * world_size - n
+    _passed(f"{world_size} ranks ({per_node} a node) x {share} items: disjoint shards covering all {n} ({padded} padded "
+            f"duplicate{'s' * (padded != 1)}), a new order each epoch")
 
 
 def spread_prediction(predicted: float | None, result: dict) -> None:

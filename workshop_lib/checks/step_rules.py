@@ -1,160 +1,270 @@
-"""The rules for what steps 2 and 3 teach: sharding and reshuffling, wrapping, rank 0's duties, averaging.
+"""What a run that ended well did, judged step by step: each rank's split and shard, the replicas, rank 0's duties.
 
-Each takes every rank's events and returns one line naming the mistake, or None;
-:func:`workshop_lib.checks.rules.first_mistake` runs them in order.
+Asked only once every rank has finished (:mod:`workshop_lib.checks.rules`
+judged the endings). Each rule measures an effect, then names a cause where the
+records show one; :func:`passed` builds the ✓ line from the same measurements,
+so it states only what was measured.
 """
 
 from __future__ import annotations
 
-from workshop_lib.checks.events import Events, _and, _at, _end, _of
+import math
+from collections.abc import Callable
+
+from workshop_lib.checks import shards, source
+from workshop_lib.checks.events import _and, _at, _of, passes, split_sizes, spreads, steps
+from workshop_lib.checks.rules import Case
+
+TOLERANCE = 1e-6  # the replicas' spread that counts as equal (DDP on CPU gives exactly 0.0)
 
 
-def sharding(ranks: Events, world_size: int = 2, **_) -> str | None:
-    """Each rank's DistributedSampler: built after the group exists or told its place, num_replicas, its own rank."""
-    made = {}
-    for rank, events in sorted(ranks.items()):
-        end = _end(events)
-        built = _of(events, "sampler")
-        if built and not built[0]["group"] and built[0]["rank"] is None and end and \
-                "not been initialized" in (end.get("message") or ""):
-            return (f"the DistributedSampler{_at(built[0])} was built before the process group existed (torch: "
-                    f"Default process group has not been initialized): build it after init_process_group, or tell "
-                    f"it this rank's place with num_replicas= and rank=")
-        done = _of(events, "sampler_made")
-        if done:
-            made[rank] = done[0]
-    if not made:
-        trained = any(_of(ev, "read_sampler") or _of(ev, "evaluate") for ev in ranks.values())
-        finished = all((_end(ev) or {}).get("ok") for ev in ranks.values())
-        if trained or finished:
-            return ("no rank built a DistributedSampler: every rank trains on all the data; give each rank its "
-                    "own shard (torch.utils.data.distributed.DistributedSampler)")
+def same_split(case: Case) -> str | None:
+    prints = {r: _of(ev, "splits")[0]["train"]["fp"] for r, ev in case.ranks.items() if _of(ev, "splits")}
+    if len(set(prints.values())) > 1:
+        ref = prints[min(prints)]
+        other = next(r for r, p in sorted(prints.items()) if p != ref)
+        return (f"rank {other}'s training split is not rank {min(prints)}'s (their molecules differ: fingerprint "
+                f"{prints[other]} against {ref}): every rank must load the same split, and a DistributedSampler "
+                f"gives each its share of it")
+    return None
+
+
+def _reads(case: Case, split: str = "train") -> dict[int, list[list[int]]]:
+    return {r: passes(ev, split) for r, ev in case.ranks.items()}
+
+
+def sharding(case: Case) -> str | None:
+    n = split_sizes(case.ranks[0]).get("train")
+    if n is None:
         return None
-    for rank, s in sorted(made.items()):
-        if s["num_replicas"] != world_size:
-            return (f"rank {rank}'s DistributedSampler splits the data into {s['num_replicas']} shard(s){_at(s)}, "
-                    f"but {world_size} processes train: pass the world size as num_replicas")
-    shards: dict = {}
-    for rank, s in sorted(made.items()):
-        shards.setdefault(s["rank"], []).append(rank)
-    for shard, who in shards.items():
-        if len(who) > 1:
-            return (f"ranks {_and(who)} all read shard {shard} of the DistributedSampler{_at(made[who[0]])}: pass "
-                    f"this process's global rank (env.rank) as rank; the local rank repeats on every node")
-    for rank, s in sorted(made.items()):
-        if s["rank"] != rank:
-            return f"rank {rank} read shard {s['rank']}{_at(s)}: pass this process's global rank (env.rank) as rank"
-    return None
+    found = shards.read_mistake(_reads(case), n, case.epochs)
+    if found is None:
+        return None
+    kind, measured = found
+    why = shards.cause(kind, case.ranks, "train", len(case.ranks)) if kind != "epochs" else ""
+    return f"{measured}: {why}" if why else measured
 
 
-def reshuffling(ranks: Events, epochs: int = 2, **_) -> str | None:
-    """Every epoch must read the sampler after set_epoch(epoch): a new order each epoch, the same on all ranks."""
-    for events in ranks.values():
-        reads = _of(events, "read_sampler")
-        if len(reads) < epochs:
-            continue
-        seen = [e["epoch"] for e in reads[:epochs]]
-        if seen == list(range(epochs)):
-            continue
-        bad = next(i for i, e in enumerate(seen) if e != i)
-        if not _of(events, "set_epoch"):
-            return (f"sampler.set_epoch is never called: epoch {bad + 1} reads the same order as epoch 1{_at(reads[bad])}"
-                    f"; call it with the epoch number in every epoch, before the loader is read")
-        return (f"in epoch {bad + 1} the loader read the sampler while it was still set to epoch {seen[bad]}"
-                f"{_at(reads[bad])}: call sampler.set_epoch(epoch) before the loader is read, not after")
-    return None
+def replicas(case: Case) -> str | None:
+    """Step 3 on: the same weights on every rank after every optimizer step."""
+    spread = spreads(case.run.params)
+    bad = next((k for k, s in enumerate(spread) if s > TOLERANCE), None)
+    if bad is None:
+        return None
+    drift = f"the replicas differ by up to {spread[bad]:.3g} after step {bad + 1}"
+    for rank, events in sorted(case.ranks.items()):
+        if not _of(events, "ddp"):
+            return (f"rank {rank} never wrapped its model in DistributedDataParallel: {drift}, each replica following "
+                    f"its own gradients; wrap it (model = DDP(model)) and train through the wrapper")
+        bypass = _of(events, "bypass")
+        if bypass and not sum(s["ddp_forwards"] for s in steps(events)):
+            b = bypass[0]
+            where = f"line {b['at']}" + (f" (in {b['function']}, called at line {b['called_from']})"
+                                         if b.get("called_from") else "")
+            return (f"{drift}: the training forward at {where} calls the model inside the wrapper "
+                    f"(model.module, or another name for it), so DDP never saw the batch and backward() did not "
+                    f"average the gradients; compute the loss through the DDP wrapper")
+    for events in case.ranks.values():
+        for c in _of(events, "collective", name="reduce", phase="enter"):
+            return (f"{drift}: every rank stepped from values only rank 0 got from dist.reduce{_at(c)}; use "
+                    f"dist.all_reduce where every rank uses the value")
+    return f"{drift}: every rank must take the same step (the gradients averaged by DDP, the same optimizer settings)"
 
 
-def wrapping(ranks: Events, cuda: bool = False, **_) -> str | None:
-    for rank, events in sorted(ranks.items()):
-        wraps = _of(events, "ddp")
-        if not wraps:
-            end = _end(events)
-            spread = (end or {}).get("replica_spread")
-            unwrapped = "has no attribute 'module'" in ((end or {}).get("message") or "")
-            if (end and end.get("ok")) or _of(events, "evaluate") or unwrapped:
-                drift = f" (replica_spread {spread:.3g})" if isinstance(spread, float) else ""
-                return (f"rank {rank} never wrapped its model in DistributedDataParallel: each replica follows its "
-                        f"own gradients and they drift apart{drift}; wrap the model (torch.nn.parallel)")
-            continue
-        ids = wraps[0].get("device_ids")
-        if not cuda and ids is not None:
-            return (f"rank {rank} passed device_ids={ids} for a CPU model{_at(wraps[0])}: device_ids names a GPU; "
-                    f"give none on CPU, and [env.local_rank] on a GPU")
-    return None
-
-
-def evaluating(ranks: Events, **_) -> str | None:
-    for rank, events in sorted(ranks.items()):
-        evals = _of(events, "evaluate")
-        if rank != 0 and evals:
-            return (f"rank {rank} evaluated too{_at(evals[0])}: every rank scores the same replica on the whole dev "
-                    f"set, N times the work; evaluate on global rank 0 only (env.is_main)")
-        wrapped = [e for e in evals if e["model"] == "DistributedDataParallel"]
-        if wrapped:
-            return (f"rank {rank} evaluated the DDP wrapper{_at(wrapped[0])}: evaluate the plain model inside it "
-                    f"(raw_model = model.module), which every rank holds the same")
-    if 0 in ranks and (_end(ranks[0]) or {}).get("ok") and not _of(ranks[0], "evaluate"):
+def evaluating(case: Case) -> str | None:
+    """Rank 0, alone, scores the whole dev set once an epoch (through the plain model, from step 3 on)."""
+    d = split_sizes(case.ranks[0]).get("dev")
+    for rank, events in sorted(case.ranks.items()):
+        if rank != 0 and passes(events, "dev"):
+            where = next(iter(_of(events, "evaluate", split="dev")), _of(events, "pass", split="dev")[0])
+            return (f"rank {rank} evaluated too{_at(where)}: every rank scored the same model on the dev set, N times "
+                    f"the work; evaluate on global rank 0 only (dist.get_rank() == 0)")
+    reads = passes(case.ranks[0], "dev")
+    if not reads:
         return "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"
+    short = next(((e, r) for e, r in enumerate(reads) if sorted(set(r)) != list(range(d)) or len(r) != d), None)
+    if short is not None:
+        e, r = short
+        dev_sampler = [s for ev in case.ranks.values() for s in _of(ev, "sampler", split="dev")]
+        why = (f"the dev loader has a DistributedSampler{_at(dev_sampler[0])}, which gives rank 0 its shard alone; "
+               f"rank 0 evaluates alone, so give the dev loader no sampler") if dev_sampler else \
+            "evaluate every dev molecule, once"
+        return f"rank 0 evaluated {len(set(r))} of the {d} dev molecules in epoch {e + 1}: {why}"
+    if len(reads) != case.epochs:
+        return f"rank 0 evaluated the dev set {len(reads)} time(s) in {case.epochs} epochs: once an epoch"
+    wrapped = [e for e in _of(case.ranks[0], "evaluate") if e["model"] == "DistributedDataParallel"]
+    if wrapped:
+        return (f"rank 0 evaluated the DDP wrapper{_at(wrapped[0])}: evaluate the plain model inside it, model.module "
+                f"(the wrapper's forward is for training; with buffers it would wait for the other ranks)")
     return None
 
 
-def saving(ranks: Events, **_) -> str | None:
-    saves = {r: _of(ev, "save") for r, ev in ranks.items()}
+def saving(case: Case) -> str | None:
+    saves = {r: [s for s in _of(ev, "save") if s.get("path")] for r, ev in case.ranks.items()}
     savers = sorted(r for r, s in saves.items() if s)
     if len(savers) > 1:
-        return (f"ranks {_and(savers)} all saved {saves[savers[0]][0]['path'].rsplit('/', 1)[-1]}"
-                f"{_at(saves[savers[0]][0])}: one file for the job, written by global rank 0 only (env.is_main); "
-                f"local rank 0 exists on every node")
+        first = saves[savers[0]][0]
+        return (f"ranks {_and(savers)} all saved {first['path'].rsplit('/', 1)[-1]}{_at(first)}: one file for the "
+                f"job, written by global rank 0 only (dist.get_rank() == 0); the local rank is 0 on every node")
     if savers and savers[0] != 0:
-        return f"rank {savers[0]} saved{_at(saves[savers[0]][0])}: save from global rank 0 only (env.is_main)"
+        return f"rank {savers[0]} saved{_at(saves[savers[0]][0])}: save from global rank 0 only"
     for rank in savers:
         keys = saves[rank][0]["keys"]
         if any(k.startswith("module.") for k in keys):
-            return (f"rank {rank} saved the DDP wrapper's weights{_at(saves[rank][0])}: their keys start with "
-                    f"'module.' ({keys[0]}); save raw_model.state_dict(), the plain model's")
-    if all((_end(ev) or {}).get("ok") for ev in ranks.values()) and not savers:
-        return "nothing was saved with torch.save: save the best weights to cfg.out / 'model.pt' on global rank 0"
+            return (f"rank {rank} saved the DDP wrapper's weights{_at(saves[rank][0])}: their keys start with 'module.' "
+                    f"({keys[0]}); save model.module.state_dict(), the plain model's")
+    snapshots = sorted(r for r, ev in case.ranks.items() if r != 0 and any(not s.get("path") for s in _of(ev, "save")))
+    if snapshots:
+        return (f"rank {snapshots[0]} wrote a snapshot too{_at(_of(case.ranks[snapshots[0]], 'save')[0])}: "
+                f"checkpoint.save on global rank 0 only")
+    if not savers:
+        return "nothing was saved with torch.save: rank 0 saves the model's weights to cfg.out / 'model.pt'"
     return None
 
 
-def averaging(ranks: Events, world_size: int = 2, **_) -> str | None:
-    """mean_over_ranks: every rank must get the mean of every rank's value."""
-    calls = {r: _of(ev, "call", name="mean_over_ranks") for r, ev in ranks.items()}
-    if not any(calls.values()):
-        if all((_end(ev) or {}).get("ok") for ev in ranks.values()):
-            return ("mean_over_ranks is never called: the log line's loss is rank 0's shard alone; average it "
-                    "over the ranks")
-        return None
-    for i in range(min(len(c) for c in calls.values())):
-        values = [calls[r][i]["args"][0] for r in sorted(calls)]
-        results = {r: calls[r][i]["result"] for r in sorted(calls)}
-        if None in values:
-            continue
-        mean, total = sum(values) / len(values), sum(values)
-        for rank, got in results.items():
-            if got is None or abs(got - mean) <= 1e-6 * max(1.0, abs(mean)):
+def _synced(events: list[dict], upto: dict) -> int:
+    """How many collectives this rank had finished before the event ``upto``."""
+    count = 0
+    for e in events:
+        if e is upto:
+            return count
+        count += e["kind"] == "collective" and e.get("phase") == "exit"
+    return count
+
+
+def loading(case: Case) -> str | None:
+    """A file one rank saved and another loaded, with no collective between: found only because the saver was faster."""
+    for saver, events in sorted(case.ranks.items()):
+        for save in _of(events, "save"):
+            if not save.get("path"):
                 continue
-            op = next((o for o in calls[rank][i].get("ops") or [] if o and o != "SUM"), None)
-            if op:
-                return (f"mean_over_ranks all-reduced with op={op}: rank {rank} got {got:.6g} instead of the mean "
-                        f"{mean:.6g}; sum with ReduceOp.SUM, then divide by the world size")
-            if abs(got - total) <= 1e-6 * max(1.0, abs(total)):
-                return (f"mean_over_ranks returned the sum {got:.6g}, not the mean {mean:.6g}: divide the "
-                        f"all-reduced sum by the world size ({world_size})")
-            return f"mean_over_ranks returned {got:.6g} on rank {rank}, not the mean over the ranks {mean:.6g}"
+            for rank, others in sorted(case.ranks.items()):
+                load = next((e for e in _of(others, "load") if e.get("path") == save["path"]), None)
+                if rank != saver and load is not None and _synced(others, load) <= _synced(events, save):
+                    return (f"rank {rank} loaded {save['path'].rsplit('/', 1)[-1]}{_at(load)} with no collective "
+                            f"between rank {saver}'s save (line {save['line']}) and the load: it found the file only "
+                            f"because rank {saver} was faster this time; put dist.barrier() after the save, before any "
+                            f"rank loads the file")
     return None
 
 
-def summing(ranks: Events, **_) -> str | None:
-    """Step 1's check_all_reduce: rank + 1 summed over the ranks."""
-    for rank, events in sorted(ranks.items()):
-        calls = _of(events, "collective", name="all_reduce", phase="enter")
-        if not calls:
+def _true_losses(case: Case) -> list[tuple[float, int]]:
+    """Per epoch, from each training batch's loss on every rank: (the mean over all molecules, the molecules)."""
+    out = []
+    for e in range(case.epochs):
+        total = count = 0.0
+        for events in case.ranks.values():
+            for s in steps(events):
+                if s.get("epoch_pass") == e:
+                    total += sum(loss * n for loss, n in s["losses"])
+                    count += sum(n for _, n in s["losses"])
+        out.append((total / count if count else math.nan, int(count)))
+    return out
+
+
+def logged_loss(case: Case) -> str | None:
+    """Step 2 on: the loss rank 0 logs is the mean over every rank's molecules."""
+    history = (case.metrics or {}).get("history")
+    if history is None:
+        return "rank 0 wrote no metrics.json: call report.finish(...) at the end, on rank 0"
+    for e, (truth, count) in enumerate(_true_losses(case)):
+        if e >= len(history) or math.isnan(truth):
             continue
-        if calls[0].get("op") not in (None, "SUM"):
-            return f"rank {rank} used op={calls[0]['op']}{_at(calls[0])}: summing needs op=dist.ReduceOp.SUM"
-        if calls[0].get("before") != [rank + 1.0]:
-            return (f"rank {rank} contributed {calls[0].get('before')}{_at(calls[0])}, expected [{rank + 1.0}]: "
-                    f"each rank contributes its rank + 1")
+        logged = history[e]["train_loss"]
+        if abs(logged - truth) <= 1e-4 * max(1.0, abs(truth)):
+            continue
+        mine = [(sum(loss * n for loss, n in s["losses"]), sum(n for _, n in s["losses"]))
+                for s in steps(case.ranks[0]) if s.get("epoch_pass") == e]
+        own = sum(t for t, _ in mine) / max(1, sum(n for _, n in mine))
+        ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
+               if c.get("op") not in (None, "SUM", "AVG")
+               and source.function_at(case.source, c.get("line")) != "check_all_reduce"]
+        what = (f"the logged loss of epoch {e + 1} is {logged:.4f}; the mean over the {count} molecules every rank "
+                f"trained on is {truth:.4f}")
+        if ops:
+            return f"{what}: the totals were all-reduced with op={ops[0]['op']}{_at(ops[0])}; sum them (ReduceOp.SUM)"
+        if abs(logged - own) <= 1e-4 * max(1.0, abs(own)):
+            return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
+        return what
     return None
+
+
+def leaving(case: Case) -> str | None:
+    for rank, events in sorted(case.ranks.items()):
+        if not _of(events, "destroy"):
+            return (f"rank {rank} never called dist.destroy_process_group: leave the group in the finally of a try "
+                    f"around the work")
+    line = source.destroy_outside_finally(case.source)
+    if line is not None:
+        return (f"dist.destroy_process_group() at line {line} is not in a finally: an error before it would leave the "
+                f"group behind; put it in the finally of a try around the work")
+    return None
+
+
+def device_ids(case: Case) -> str | None:
+    """What the CPU run cannot show: device_ids naming the global rank (on a node of 2 GPUs, rank 3 is on cuda:1)."""
+    found = source.global_rank_device_ids(case.source)
+    if found is None:
+        return None
+    at, text = found
+    return (f"device_ids at line {at} ({text}) names the global rank: on a node with 2 GPUs rank 3 lives on cuda:1; "
+            f"pass [device.index], this process's own GPU")
+
+
+def trained_every_epoch(case: Case) -> str | None:
+    """Step 1 (no sharding yet): every rank read the training data in every epoch."""
+    for rank, events in sorted(case.ranks.items()):
+        read = len(passes(events, "train"))
+        if read < case.epochs:
+            return f"rank {rank} read the training molecules in {read} epoch(s), not {case.epochs}: train every epoch"
+    return None
+
+
+def _summed(case: Case) -> bool:
+    """check_all_reduce's all_reduce left 1 + 2 + ... + N on every rank."""
+    world = len(case.ranks)
+    for events in case.ranks.values():
+        calls = [c for c in _of(events, "collective", name="all_reduce", phase="exit")
+                 if c.get("after") == [world * (world + 1) / 2]]
+        if not calls:
+            return False
+    return True
+
+
+def _what_each_read(case: Case) -> str:
+    sizes = split_sizes(case.ranks[0])
+    n = sizes.get("train", 0)
+    reads = _reads(case)
+    counts = {len(per_epoch[0]) for per_epoch in reads.values() if per_epoch}
+    if counts == {n}:
+        return f"each read all {n} training molecules"
+    return f"each read its own {min(counts, default=0)} of {n} training molecules, a new order each epoch"
+
+
+def passed(case: Case) -> str:
+    """The ✓ line: what was measured, in the step's terms."""
+    d, world = split_sizes(case.ranks[0]).get("dev", 0), len(case.ranks)
+    spread = spreads(case.run.params)
+    dev = f"rank 0 alone evaluated all {d} dev molecules each epoch"
+    reads = f"{world} ranks, {case.epochs} epochs: {_what_each_read(case)}"
+    if case.step == 1:
+        joined = f"{world} ranks joined one group" + (f" and all-reduced {' + '.join(str(r + 1) for r in range(world))} "
+                                                      f"= {world * (world + 1) // 2}" if _summed(case) else "")
+        return (f"{joined}; {case.epochs} epochs: {_what_each_read(case)}; {dev} and saved the model; every rank left "
+                f"the group")
+    most = max(spread, default=0.0)
+    loss = "the logged loss is the mean over all ranks"
+    if case.step == 2:
+        replicas = (f"the replicas drifted apart (spread {spread[-1]:.3g} after the last step)" if most > 0 else
+                    "the replicas stayed equal (spread 0.0 after every step)")
+        return f"{reads}; {replicas}; {dev} and saved its replica; {loss}"
+    equal = "0.0" if most == 0 else f"at most {most:.1g}"
+    return f"{reads}; spread after every step {equal}; {dev} and saved the plain model; {loss}"
+
+
+RULES: dict[int, list[Callable[[Case], str | None]]] = {
+    1: [same_split, trained_every_epoch, evaluating, saving, loading, leaving],
+    2: [same_split, sharding, evaluating, saving, loading, logged_loss, leaving],
+    3: [same_split, sharding, replicas, evaluating, saving, loading, logged_loss, leaving, device_ids],
+}
+RULES[4] = RULES[3]

@@ -4,7 +4,7 @@ A frame is *library* when its file belongs to Python's standard library, to an
 installed package (torch included), or to one of workshop_lib's tool
 subpackages (``debug``, ``lab``, ``checks``, ``scaling``) or its command
 modules. Everything else is the learner's: a step script, a notebook cell, a
-test. The core of workshop_lib (``train.py``, ``data.py``, ...) counts as the
+test. The core of workshop_lib (``data.py``, ``model.py``, ...) counts as the
 learner's by default, since the step scripts are built from it and a learner
 reads it; ``core_is_library=True`` counts it as library too, for a line number
 in the learner's own script.
@@ -19,7 +19,7 @@ from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workshop_lib/
 _TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in ("debug", "lab", "checks", "scaling"))
-_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "build"))
+_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "build", "watch", "selftest"))
 _STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 

@@ -1,39 +1,58 @@
-"""Where is every rank when a collective hangs? A watch that answers, on gloo and nccl alike.
+"""Where is every rank when a collective hangs? A watch attached from outside, on gloo and nccl alike.
 
 A collective returns only when every rank of the group has entered it. When
 one rank never does (it skipped it, it is somewhere else, it died), the others
 wait until the process group's timeout and then fail with a message about
-sockets. :func:`install` makes the wait legible:
+sockets. The watch makes the wait legible. It attaches from outside, as
+cProfile does: ``python -m workshop_lib.watch script.py`` (:mod:`workshop_lib.watch`,
+which calls :func:`attach`); the script holds no line of it.
 
 * each rank records the collective it is in and the last one it finished (the
-  op, its tensors' shapes and dtypes, and a per-rank sequence number) by wrapping
-  ``torch.distributed``'s Python collectives (``dist.all_reduce`` ...);
-  DDP's gradient all-reduce runs in C++ inside ``loss.backward()``, so for it
-  the watch notices a backward that does not return;
-* a daemon thread on each rank answers questions through the rendezvous store
-  (a TCP store, independent of the gloo or nccl connections that are stuck);
+  op, its tensors' shapes and dtypes, and a per-rank sequence number), as an
+  observer of :mod:`workshop_lib.debug.collectives` (call-through wrappers of
+  ``torch.distributed``'s Python collectives); DDP's gradient all-reduce runs in
+  C++ inside ``loss.backward()``, so for it the watch notices a backward that
+  does not return;
+* a daemon thread waits for the script's default process group, then answers
+  questions through its own client of the rendezvous store (TCP, independent of
+  the gloo or nccl connections that are stuck);
 * when a rank has waited ``threshold`` seconds, or its collective fails, it asks
-  every rank where it is (its main thread's Python stack, from
-  ``sys._current_frames``) and prints one block (:mod:`workshop_lib.debug.hangreport`):
-  who never arrived, where each rank is instead, and the first collective where
-  the ranks' sequences differ.
+  every rank where it is (its main thread's Python stack) and prints one block
+  (:mod:`workshop_lib.debug.hangreport`): who never arrived, where each rank is
+  instead, and the first collective where the ranks' sequences differ;
+* when the script's group is gone (``destroy_process_group``), or the process
+  ends, the rank's last answer says that it left, so a rank still waiting names it.
+
+It replaces no function of the script's in a way that changes what it does
+(``destroy_process_group`` is torch's own), and when it fails it prints one
+``hangwatch warning:`` line on stderr and the job runs on unwatched. The one
+failure it keeps quiet is the expected one: the store gone at the end of the job.
 
 On CUDA tensors (NCCL) a collective returns once it is queued on the GPU; the
 watch records a CUDA event after it, and a collective whose event has not
-completed within ``threshold`` is reported as waiting on the GPU.
+completed within ``threshold`` is reported as waiting on the GPU. It also
+registers ``faulthandler`` on SIGUSR1 (``kill -USR1 PID`` dumps every thread's
+stack to the rank's stderr) for ``python -m workshop_lib.diagnose``. A job that
+does not hang pays one store round-trip per ``poll`` seconds on a side thread and
+about 15 µs per observed collective (``benchmarks/hangwatch_overhead.py``: no measurable change in a step).
 
-It also registers ``faulthandler`` on SIGUSR1 (``kill -USR1 PID`` dumps every
-thread's stack to the rank's stderr) for ``python -m workshop_lib.diagnose``.
-A job that does not hang pays one store round-trip per ``poll`` seconds on a
-side thread and a few microseconds per wrapped Python collective.
+Private APIs it still uses, and why:
+
+* ``torch.distributed._broadcast_coalesced`` is observed (never changed): DDP's
+  constructor and, with buffers (BatchNorm), each forward broadcast through it,
+  and a rank that never joins such a broadcast is a classic hang;
+* the default group's timeout, for the default threshold (a quarter of it), is
+  read with ``ProcessGroup._get_backend(device).options._timeout``: torch has no
+  public getter (30 min is assumed if it cannot be read; ``--after`` avoids it);
+* ``sys._current_frames()`` (Python's) reads the main thread's stack from the watch's thread.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import faulthandler
-import functools
 import json
 import os
 import signal
@@ -42,17 +61,22 @@ import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives, frames, hangreport
 from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, explain
-from workshop_lib.debug.patching import patched
-from workshop_lib.errors import first_sentence
+from workshop_lib.debug.launchenv import read_launch_env
+from workshop_lib.errors import WorkshopError, first_line, first_sentence
 
+AFTER_VARIABLE = "WORKSHOP_HANG_AFTER"  # seconds a collective may wait: the same as ``--after``
+WARNING = "hangwatch warning: "  # starts the one line the watch prints when it fails (not part of a block)
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
+CONNECT_TIMEOUT = timedelta(seconds=30)
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debug/
 
 
 @dataclass
@@ -60,7 +84,7 @@ class Call:
     """One collective as this rank entered it."""
 
     op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), ...
-    seq: int  # this rank's count of wrapped collectives, 1-based; 0 for backward
+    seq: int  # this rank's count of observed collectives, 1-based; 0 for backward
     tensors: str  # "float32[3]", "2 tensors", ...
     since: float  # time.time() when it was entered
     where: str  # "file.py:41 in train()", the caller outside torch
@@ -91,6 +115,8 @@ def _tensors(args: tuple, kwargs: dict) -> str:
 def user_frames(frame) -> tuple[list[list], str]:
     """([file, line, function, code] of the learner's frames, outermost first; the innermost library function)."""
     stack = frames.since_fork(traceback.extract_stack(frame))
+    while stack and stack[-1].filename.startswith(_HERE):  # the watch itself (a rank explaining from its main thread)
+        stack.pop()
     inner = stack[-1].name if stack and frames.is_library(stack[-1].filename) else ""
     return [[frames.short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in frames.users(stack)], inner
 
@@ -102,13 +128,33 @@ def _caller() -> str:
     return ", from ".join(reversed(sites)) or "?"
 
 
-class Watch:
-    """The per-rank state and its daemon thread; see :func:`install`."""
+_warned = False
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, threshold: float, poll: float,
-                 record: str | None = None):
-        self.store, self.rank, self.world_size, self.record = store, rank, world_size, record
-        self.threshold, self.poll = threshold, poll
+
+def warn(text: str) -> None:
+    """The watch's one warning line on stderr (once per process): it failed, and the job runs on unwatched."""
+    global _warned
+    if not _warned:
+        _warned = True
+        print(f"{WARNING}{text}", file=sys.stderr, flush=True)
+
+
+def _store_gone(err: BaseException) -> bool:
+    """The expected failure: the rendezvous store's host (rank 0 or torchrun's agent) has ended."""
+    return isinstance(err, dist.DistNetworkError)
+
+
+class Watch:
+    """The per-rank state and its daemon thread; see :func:`attach` and :func:`install`."""
+
+    def __init__(self, threshold: float | None, poll: float, record: str | None, store: dist.Store | None = None,
+                 prefix: str = "hangwatch"):
+        self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
+        self.threshold, self.poll, self.record = threshold, poll, record
+        self.rank, self.world_size = -1, 0  # known once the group exists
+        self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
+        self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
+        self.hosts_store = False  # rank 0 hosts the rendezvous store (no agent store): it waits for the others
         self.seq, self.current, self.last = 0, None, None
         self.backwards = 0  # backward() calls entered: under DDP, one gradient all-reduce each
         self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
@@ -116,11 +162,9 @@ class Watch:
         self.reported: set = set()  # (op, seq, since) of the waits already explained
         self.main = threading.main_thread().ident
         self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.answered = 0
-        # Connections made now, while the store is surely up: opening one later, when the rank that hosts the
-        # store may be gone, would retry for the store's whole timeout.
-        self.main_store, self.thread_store = store.clone(), store.clone()
+        self.joined = threading.Event()  # the group exists and the stores are connected
+        self.lock, self.join_lock = threading.Lock(), threading.Lock()
+        self.answered, self.left, self.said_left = 0, False, False
         self.thread = threading.Thread(target=self._run, name="hangwatch", daemon=True)
 
     # --------------------------------------------------------------- the main thread's side (an observer of
@@ -128,6 +172,8 @@ class Watch:
     def enter(self, op: str, args: tuple, kwargs: dict) -> Call | None:
         if threading.get_ident() != self.main:
             return None
+        if self.world_size == 0 and dist.is_initialized():
+            self.join()  # the first collective of a new group: connect now, not up to a poll later
         gpu = _on_gpu(args, kwargs)
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
             self.backwards += 1
@@ -149,22 +195,80 @@ class Watch:
             self.queued.append((call, event))
         if call.op != "backward":
             self.last = call
-        if err is not None and not isinstance(err, KeyboardInterrupt):
+        if err is not None and not isinstance(err, KeyboardInterrupt) and self.joined.is_set():
             self.explain(call, f"failed after {time.time() - call.since:.0f} s ({first_sentence(err)})")
+
+    def failed(self, err: BaseException) -> None:
+        """Called by :mod:`~workshop_lib.debug.collectives` when this observer raised: stop, in one line."""
+        self.stop.set()
+        warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); the job runs on unwatched")
+
+    def _who(self) -> str:
+        return f" rank {self.rank}" if self.rank >= 0 else ""
 
     # --------------------------------------------------------------- the daemon thread
     def _run(self) -> None:
-        store = self.thread_store  # its own connection: never shares a socket with the main thread
+        try:
+            while not dist.is_initialized():  # attach: the script has not joined yet
+                if self.stop.wait(self.poll):
+                    return
+            self.join()
+            if self.world_size > 1:
+                self._serve()
+        except Exception as err:  # the watch must never stop the job: it says so, once
+            if not _store_gone(err):  # the store's host ended first (the job is ending): nothing to say
+                warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); "
+                     "the job runs on unwatched")
+
+    def join(self) -> None:
+        """The group exists: who we are, the threshold, and two connections to the rendezvous store (once)."""
+        with self.join_lock:
+            if self.world_size == 0:
+                self._join()
+
+    def _join(self) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        if self.threshold is None:
+            self.threshold = max(5.0, _group_timeout() / 4)
+        if self.world_size < 2:
+            return
+        if self.given is not None:
+            base = dist.PrefixStore(self.prefix, self.given)
+            self.main_store, self.thread_store = base.clone(), base.clone()
+        else:
+            launch = read_launch_env()
+            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+                raise RuntimeError("MASTER_ADDR and MASTER_PORT are not set: the watch talks through the rendezvous "
+                                   "store of env:// (torchrun's)")
+            # Without torchrun's agent store, env:// started the store's server in rank 0, as a multi-tenant
+            # TCPStore, and destroy_process_group would stop it: there the watch joins it as a tenant (the same
+            # server, kept up while the watch lives), so that the ranks still leaving can say so.
+            self.hosts_store = self.rank == 0 and not launch.agent_store
+            try:
+                self.main_store, self.thread_store = (
+                    dist.PrefixStore(self.prefix, dist.TCPStore(
+                        launch.master_addr, launch.master_port, is_master=self.hosts_store, timeout=CONNECT_TIMEOUT,
+                        wait_for_workers=False, multi_tenant=self.hosts_store))
+                    for _ in range(2))
+            except dist.DistNetworkError as err:
+                raise RuntimeError(f"cannot reach the rendezvous store at {launch.master_addr}:{launch.master_port}"
+                                   f" ({first_line(err)})") from None
+        self.joined.set()
+
+    def _serve(self) -> None:
+        store = self.thread_store
         while not self.stop.wait(self.poll):
-            with contextlib.suppress(Exception):  # a store gone (job ending) must not print tracebacks
-                asked = store.add("ask", 0)
-                if asked > self.answered:
-                    self.answered = asked
-                    store.set(f"where/{self.rank}", self.where(asked))
-                call = self.current or self.unfinished_on_gpu()
-                if call is not None and time.time() - call.since > self.threshold:
-                    on_gpu = " for the GPU to finish it" if call is not self.current else ""
-                    self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
+            if not dist.is_initialized():  # the script called destroy_process_group
+                self.say_left(store)
+                return
+            asked = store.add("ask", 0)
+            if asked > self.answered:
+                self.answered = asked
+                store.set(f"where/{self.rank}", self.where(asked))
+            call = self.current or self.unfinished_on_gpu()
+            if call is not None and time.time() - call.since > self.threshold:
+                on_gpu = " for the GPU to finish it" if call is not self.current else ""
+                self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
 
     def unfinished_on_gpu(self) -> Call | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
@@ -172,20 +276,35 @@ class Watch:
             self.queued.popleft()
         return self.queued[0][0] if self.queued else None
 
-    def where(self, asked: int, left: bool = False) -> str:
+    def where(self, asked: int) -> str:
         """This rank's answer: its main thread's stack and collectives, as JSON."""
         frame = sys._current_frames().get(self.main)
-        frames, inner = user_frames(frame) if frame is not None else ([], "")
+        found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
         call = self.current or self.unfinished_on_gpu()
-        return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": frames, "inner": inner,
-                           "current": asdict(call) if call else None, "left": left,
+        return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
+                           "current": asdict(call) if call else None, "left": self.left,
                            "last": asdict(self.last) if self.last else None, "backwards": self.backwards,
                            "history": [asdict(c) for c in self.history]})
 
-    def leave_job(self) -> None:
-        """Before destroy_process_group: leave a last answer, so a rank still waiting can say this one left."""
-        with contextlib.suppress(Exception):
-            self.main_store.set(f"where/{self.rank}", self.where(LEFT, left=True))
+    def say_left(self, store: dist.Store | None) -> None:
+        """This rank has left the job: its last answer says so, so a rank still waiting can name it."""
+        self.left = True
+        if store is not None and not self.said_left:
+            self.said_left = True
+            store.set(f"where/{self.rank}", self.where(LEFT))
+
+    def others_left(self, seconds: float) -> None:
+        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left.
+
+        Otherwise a rank still leaving would find the store gone, and torch would print its socket errors.
+        """
+        deadline, waiting = time.monotonic() + seconds, set(range(1, self.world_size))
+        while waiting and time.monotonic() < deadline:
+            for r in list(waiting):
+                if self.main_store.check([f"where/{r}"]) and \
+                        json.loads(self.main_store.get(f"where/{r}"))["asked"] == LEFT:
+                    waiting.discard(r)
+            time.sleep(0.05)
 
     # --------------------------------------------------------------- the diagnosis
     def explain(self, call: Call, how: str, store: dist.Store | None = None) -> None:
@@ -197,7 +316,7 @@ class Watch:
             self.reported.add(key)
         store = store or self.main_store
         answers: dict[int, dict] = {}
-        with contextlib.suppress(Exception):
+        try:
             if store.add("reports", 1) > 1 and (not store.check(["reported_at"]) or
                                                  time.time() - float(store.get("reported_at")) < 4 * self.threshold):
                 return  # another rank is explaining this hang, or just did: one block is enough
@@ -212,82 +331,124 @@ class Watch:
                         if answer["asked"] >= asked:
                             answers[r] = answer
                 time.sleep(0.05)
+        except dist.DistNetworkError:
+            pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer
         lines = explain(self.rank, call, how, answers, self.world_size)
         print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
-            hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
-                            answers=answers)
+            try:
+                hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
+                                answers=answers)
+            except OSError as err:
+                warn(f"could not save the hang record to {self.record} ({type(err).__name__}: {first_line(err)})")
 
 
 _watch: Watch | None = None
-_patches: contextlib.ExitStack | None = None  # destroy_process_group's wrapper
-
-
-def _default_store() -> dist.Store:
-    """A client of the rendezvous store of the default process group (torchrun's, or the one passed in)."""
-    return dist.distributed_c10d._get_default_store()
+_count = 0  # watches started in this process: each talks under its own prefix of the store
 
 
 def _group_timeout() -> float:
     """The default process group's timeout in seconds (torch's default, 30 min, if it cannot be read)."""
-    group = dist.distributed_c10d._get_default_group()
     for device in ("cpu", "cuda"):
-        with contextlib.suppress(Exception):
-            return group._get_backend(torch.device(device)).options._timeout.total_seconds()
+        with contextlib.suppress(Exception):  # private: see the module's docstring
+            return dist.group.WORLD._get_backend(torch.device(device)).options._timeout.total_seconds()
     return 1800.0
 
 
-def install(store: dist.Store | None = None, threshold: float | None = None, poll: float = 0.5,
-            record: str | None = None) -> Watch | None:
-    """Watch this rank's collectives; call it after ``init_process_group``, on every rank.
+def _threshold(threshold: float | None) -> float | None:
+    """``threshold``, else WORKSHOP_HANG_AFTER, else None (a quarter of the group's timeout); ValueError if not > 0."""
+    if threshold is None and os.environ.get(AFTER_VARIABLE):
+        try:
+            threshold = float(os.environ[AFTER_VARIABLE])
+        except ValueError:
+            raise ValueError(repr(os.environ[AFTER_VARIABLE])) from None
+    if threshold is not None and not threshold > 0:
+        raise ValueError(repr(threshold))
+    return threshold
 
-    ``store``: the rendezvous store (default: the default group's). ``threshold``:
-    seconds a collective may wait before the diagnosis is printed (default: a quarter
-    of the group's timeout, at least 5). ``record``: a JSON file where the diagnosis
-    is also saved (:func:`workshop_lib.debug.hangreport.load` reads it; default: the
-    environment's ``WORKSHOP_HANG_RECORD``, which the lab's launchers set, else none).
-    Does nothing in a world of one. Safe to call twice; :func:`uninstall` (or
-    ``dist.destroy_process_group``) undoes it.
+
+def attach(threshold: float | None = None, record: str | None = None, poll: float = 0.5) -> Watch | None:
+    """Watch this process's collectives from now on, for a script that has not joined its group yet.
+
+    The watch waits (on its own thread) for the default process group, then talks
+    through its own client of torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT,
+    under a prefix per restart). ``threshold``: seconds a collective may wait before
+    the diagnosis is printed (default: the environment's WORKSHOP_HANG_AFTER, else a
+    quarter of the group's timeout, at least 5). ``record``: a JSON file where the
+    diagnosis is also saved (:func:`workshop_lib.debug.hangreport.load`; default:
+    WORKSHOP_HANG_RECORD, else none). Does nothing in a world of one (no torchrun
+    variables, or WORLD_SIZE=1). :func:`detach` stops it; so does the process's end.
     """
-    global _watch, _patches
+    try:
+        launch = read_launch_env()
+        threshold = _threshold(threshold)
+    except WorkshopError as err:
+        warn(f"{err}; the job runs unwatched")
+        return None
+    except ValueError as err:
+        warn(f"{AFTER_VARIABLE} must be a number of seconds above 0, not {err}; the job runs unwatched")
+        return None
+    if launch.world_size < 2:
+        return None
+    return _start(Watch(threshold, poll, record or os.environ.get(RECORD_VARIABLE) or None,
+                        prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
+
+
+def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5,
+            record: str | None = None) -> Watch | None:
+    """Watch this rank's collectives, talking through ``store``: for code that holds a store and has joined a group.
+
+    (The lab's fork launcher: its ranks join on a FileStore.) The arguments are
+    :func:`attach`'s. Does nothing in a world of one.
+    """
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
-    uninstall()
-    if threshold is None:
-        threshold = max(5.0, _group_timeout() / 4)
-    store = dist.PrefixStore("hangwatch", store or _default_store())
-    record = record or os.environ.get(RECORD_VARIABLE) or None
-    _watch = Watch(store, dist.get_rank(), dist.get_world_size(), threshold, poll, record)
-    collectives.add(_watch)
-    _patches = contextlib.ExitStack()
-    _patches.enter_context(patched(dist, "destroy_process_group", _uninstalling))
+    return _start(Watch(_threshold(threshold), poll, record or os.environ.get(RECORD_VARIABLE) or None, store,
+                        prefix=f"hangwatch/{_count + 1}"))
+
+
+def _stderr_fd() -> int:
+    """The file descriptor of stderr (2 where sys.stderr is not a file: a notebook's stream, a test's capture)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return 2
+
+
+def _start(watch: Watch) -> Watch:
+    global _watch, _count
+    detach()
+    _count += 1
+    _watch = watch
+    collectives.add(watch)
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 PID: every thread's stack to stderr
-    _watch.thread.start()
-    return _watch
+        faulthandler.register(signal.SIGUSR1, file=_stderr_fd(), all_threads=True)  # kill -USR1 PID: the stacks
+    if _count == 1:
+        atexit.register(detach)  # the rank's last answer says it left, even when the script ends without a word
+    watch.thread.start()
+    return watch
 
 
-def _uninstalling(destroy):
-    @functools.wraps(destroy)
-    def destroy_process_group(*args, **kwargs):
-        if not args and not kwargs.get("group"):
-            if _watch is not None:
-                _watch.leave_job()
-            uninstall()
-        return destroy(*args, **kwargs)
-
-    return destroy_process_group
-
-
-def uninstall() -> None:
-    """Stop the watch and put torch.distributed's functions back."""
-    global _watch, _patches
+def detach() -> None:
+    """Stop the watch: the rank's last answer says it left, and torch.distributed's functions are torch's own again."""
+    global _watch
     watch, _watch = _watch, None
-    patches, _patches = _patches, None
-    if patches is not None:
-        patches.close()
-    if watch is not None:
-        collectives.remove(watch)
-        watch.stop.set()
-        if watch.thread.is_alive() and watch.thread is not threading.current_thread():
-            watch.thread.join(timeout=2 * watch.poll + 1)
+    if watch is None:
+        return
+    watch.stop.set()
+    if watch.thread.is_alive() and watch.thread is not threading.current_thread():
+        watch.thread.join(timeout=2 * watch.poll + 1)
+    collectives.remove(watch)
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        faulthandler.unregister(signal.SIGUSR1)
+    if watch.joined.is_set():
+        try:
+            watch.say_left(watch.main_store)
+            if watch.hosts_store:
+                watch.others_left(2 * watch.poll + 2)
+        except Exception as err:
+            if not _store_gone(err):
+                warn(f"rank {watch.rank} could not say that it left ({type(err).__name__}: {first_line(err)})")
+
+
+uninstall = detach  # the name the checks use

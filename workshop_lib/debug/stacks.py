@@ -7,9 +7,10 @@ Run it from a second terminal (or a notebook cell) while a job seems stuck. It
 finds torchrun's worker processes (psutil) and reads each one's stack with
 py-spy (``py-spy dump --pid``), which attaches from outside and needs no help
 from the job. Where py-spy cannot attach (no ptrace rights, say in some
-containers), it falls back to the handler that ``hangwatch.install`` registers
-(``faulthandler`` on SIGUSR1): the rank writes its stack to its own stderr,
-and when that is a file (torchrun's ``--log-dir``), this reads it back.
+containers), it falls back to the handler that the hang watch registers in a
+job started with ``-m workshop_lib.watch`` (``faulthandler`` on SIGUSR1): the
+rank writes its stack to its own stderr, and when that is a file (torchrun's
+``--log-dir``), this reads it back.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def _catches_sigusr1(pid: int) -> bool:
 def signal_stack(pid: int, show_all: bool = False, wait: float = 2.0) -> tuple[list[str], str]:
     """SIGUSR1 -> faulthandler writes the stack to the rank's stderr; read it back if stderr is a file."""
     if not hasattr(signal, "SIGUSR1") or not _catches_sigusr1(pid):
-        raise RuntimeError("the rank has no SIGUSR1 handler (hangwatch.install was not called in it)")
+        raise RuntimeError("the rank has no SIGUSR1 handler (start the job with -m workshop_lib.watch for one)")
     try:
         log = Path(os.readlink(f"/proc/{pid}/fd/2"))
     except OSError:

@@ -53,12 +53,13 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
     gc.freeze()
     import torch.distributed as dist
 
-    from workshop_lib import distributed
     from workshop_lib.debug import hangwatch
+    from workshop_lib.debug.launchenv import read_launch_env
+    from workshop_lib.lab import joining
 
     # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
     # characters interleaved into the cell: each rank writes to its own file instead.
-    launch = distributed.read_launch_env()
+    launch = read_launch_env()
     (Path(log_dir) / f"rank{launch.rank}.pid").write_text(str(os.getpid()))  # for _stop_ranks
     log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
@@ -72,7 +73,7 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
-    env = distributed.setup(backend, timeout, store=store)
+    env = joining.join(backend, timeout, store=store)
     if hang_after is not None:  # a collective waiting this long: the watch writes who never arrived into the log
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))
     try:
@@ -81,7 +82,8 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
         traceback.print_exc()  # into this rank's log: the error names the file
         raise
     finally:
-        distributed.teardown()
+        hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
+        joining.leave()
         log.flush()
 
 
@@ -107,7 +109,7 @@ def _launcher_logs_to(path: Path):
 
 @contextlib.contextmanager
 def _own_signal_handlers():
-    """Give SIGINT and SIGTERM their handlers back after the launch.
+    """Give SIGINT and SIGTERM their handlers back after the launch, and lose no stop during it.
 
     torch's launcher installs its own (they turn the signal into a SignalException
     that stops the ranks) and leaves them in place: without this, the kernel's
@@ -116,10 +118,28 @@ def _own_signal_handlers():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    unraisable = sys.unraisablehook
+
+    def keep(seen) -> None:
+        # A stop that lands while the launcher forks a rank runs its handler inside an at-fork hook of the parent
+        # (logging's _releaseLock), where Python drops the exception ("Exception ignored in ..."), and the launch
+        # would go on: the watchdog's next tick raises it again.
+        if isinstance(seen.exc_value, (KeyboardInterrupt, SignalException, TimeoutError, _HangSeen)):
+            _dropped.append(seen.exc_value)
+            if _ticking and isinstance(seen.exc_value, TimeoutError | _HangSeen):  # its tick stopped the timer
+                signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+        else:
+            unraisable(seen)
+
+    _dropped.clear()
+    sys.unraisablehook = keep
     try:
         yield
     finally:
+        sys.unraisablehook = unraisable
         for sig, handler in saved.items():
             signal.signal(sig, handler)
 
@@ -128,7 +148,8 @@ def _own_signal_handlers():
 def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: Callable[[], str | None] | None = None):
     """Raise TimeoutError after ``seconds``, or _HangSeen once ``hang()`` names a hang; ``before(timed_out)`` first.
 
-    ``hang`` is polled twice a second. Main thread only; elsewhere no limit.
+    It ticks twice a second: ``hang`` is polled, and an exception that Python dropped meanwhile (see
+    :func:`_own_signal_handlers`) is raised again. Main thread only; elsewhere no limit.
     """
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
         yield
@@ -136,6 +157,8 @@ def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: C
     deadline = time.monotonic() + seconds
 
     def tick(signum, frame):
+        if _dropped:  # a stop (or a tick) that Python dropped while the launcher forked: now it counts
+            raise _dropped.pop()
         now = time.monotonic()
         if now >= deadline:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -147,18 +170,24 @@ def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: C
             before(False)
             raise _HangSeen(found)
 
+    global _ticking
     old = signal.signal(signal.SIGALRM, tick)
-    every = 0.5 if hang is not None else 0.0  # without a hang to look for, one alarm at the deadline
-    signal.setitimer(signal.ITIMER_REAL, every or seconds, every)
+    signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
+    _ticking = True
     try:
         yield
     finally:
+        _ticking = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
 
 
 class _HangSeen(Exception):
     """Raised by the watchdog when a rank's log holds the hang watch's diagnosis."""
+
+
+_dropped: list[BaseException] = []  # raised in an at-fork hook, where Python drops it: the watchdog raises it again
+_ticking = False  # a _watchdog's timer is set
 
 
 def _hang_in_logs(log_dir: str) -> str | None:
@@ -186,7 +215,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
 
     torch's elastic launcher (the engine inside torchrun) forks the ranks and
     hosts the rendezvous on a free local port; each rank then joins a process
-    group (``distributed.setup``) and gets its DistEnv. What the ranks print
+    group (:func:`workshop_lib.lab.joining.join`) and gets its DistEnv. What the ranks print
     goes to per-rank log files; rank 0's output is shown after the run. A
     failure raises a LaunchError with one line per failed rank and the name of
     the file that holds every rank's output and the launcher's log.

@@ -45,6 +45,8 @@ def join(backend: str = "gloo", timeout: float = 120.0, store: dist.Store | None
     device = torch.device("cuda", launch.local_rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    elif launch.omp_threads:  # a forked rank keeps its parent's thread pool: the launcher's OMP_NUM_THREADS says
+        torch.set_num_threads(launch.omp_threads)
     if store is None:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     else:

@@ -1,7 +1,8 @@
 """Launching a step script under torchrun from a notebook cell.
 
 :func:`torchrun` runs ``python -m torch.distributed.run`` exactly as a learner
-would in a terminal, shows rank 0's lines (or every rank's, labelled) and a
+would in a terminal, with the hang watch attached from outside (``-m
+workshop_lib.watch``), shows rank 0's lines (or every rank's, labelled) and a
 progress bar, and returns rank 0's metrics.json. (Functions defined in the
 notebook run on forked ranks through :mod:`workshop_lib.lab.forklaunch`.)
 """
@@ -29,6 +30,8 @@ from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import REPO_ROOT
 
 TAIL_LINES = 40
+WATCH = ("-m", "workshop_lib.watch")  # torchrun's way to run a module: the script then runs with the hang watch
+RESTART_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # in torchrun's environment when it may restart the group
 _RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<rank>\d+)\]:(?P<text>.*)$")
 _EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s")
 
@@ -133,29 +136,34 @@ class _EpochBar:
 
 
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
-             timeout: float = 600, progress: bool = True, show: str | None = "rank0") -> RunResult:
-    """Run ``torchrun --standalone --nproc_per_node=NPROC SCRIPT ARGS`` and return rank 0's metrics.
+             timeout: float = 600, progress: bool = True, show: str | None = "rank0", watch: bool = True,
+             max_restarts: int = 0) -> RunResult:
+    """Run ``torchrun --standalone --nproc_per_node=NPROC [-m workshop_lib.watch] SCRIPT ARGS``; return rank 0's metrics.
 
     Relative paths are relative to the repository root. ``--out`` is taken
     from ``args``, else from ``out``, else a fresh directory under runs/ is
-    added (``out=False``: add none, for scripts without ``--out``). Scripts
-    built on config.build_parser get ``--no-progress``: their own tqdm would
-    arrive through a pipe, so this function draws the bar instead.
-    ``show="rank0"`` prints rank 0's lines, ``"all"`` every line with its rank
-    (in arrival order, which varies), None nothing (read ``result.output``);
-    on failure the error carries the last lines of every rank either way.
+    added (``out=False``: add none, for scripts without ``--out``). ``progress``
+    draws a bar fed by rank 0's "epoch k/N" lines. ``show="rank0"`` prints rank
+    0's lines, ``"all"`` every line with its rank (in arrival order, which varies),
+    None nothing (read ``result.output``); on failure the error carries the last
+    lines of every rank either way. ``watch``: the script runs with the hang watch
+    attached from outside (:mod:`workshop_lib.watch`): a collective that waits too
+    long names the rank it waits for. ``max_restarts``: torchrun restarts the
+    group that often (with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see :func:`start_job`).
     """
     if show not in ("rank0", "all", None):
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
     script, args, out_dir = _arguments(script, args, out)
     epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
-    command = " ".join(["torchrun", "--standalone", f"--nproc_per_node={nproc}", _display_path(script),
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    command = " ".join([*([f"{RESTART_VARIABLE}=1"] if max_restarts else []), "torchrun", "--standalone",
+                        f"--nproc_per_node={nproc}", *restarts, *(WATCH if watch else []), _display_path(script),
                         *map(shlex.quote, args)])
     print(f"$ {command}", flush=True)
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
     start, started_at = time.perf_counter(), time.time()
     # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
-    proc = start_job(script, args, nproc, ["--tee", "3", "--log-dir", log_dir])
+    proc = start_job(script, args, nproc, [*restarts, "--tee", "3", "--log-dir", log_dir], watch=watch)
     bar = _EpochBar(epochs, progress)
     try:
         output = _follow(proc, show, bar, start + timeout, timeout)
@@ -183,7 +191,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
 
 
 def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike | bool | None) -> tuple:
-    """(the script's path, its arguments with --out and --no-progress added where they apply, the out directory)."""
+    """(the script's path, its arguments with --out added where it applies, the out directory)."""
     script = _resolve(script)
     if not script.is_file():
         raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {REPO_ROOT})")
@@ -193,22 +201,30 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
             (REPO_ROOT / "runs").mkdir(exist_ok=True)
             out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=REPO_ROOT / "runs")
         args += ["--out", _display_path(_resolve(out))]
-    if out is not False and "--no-progress" not in args:
-        args.append("--no-progress")
     out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
     return script, args, out_dir
 
 
-def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
-              stdout=subprocess.PIPE, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``torchrun --standalone --nproc_per_node=N script args`` in a session of its own: how the lab starts a job.
+def _restarts(flags: Sequence[str]) -> bool:
+    """Do torchrun's flags let it restart the group (--max-restarts N, N > 0)?"""
+    value = _flag_value(flags, "--max-restarts") or _flag_value(flags, "--max_restarts") or "0"
+    return value.strip() not in ("", "0")
 
-    One thread per rank unless OMP_NUM_THREADS says otherwise; ``env`` adds variables. Stop it with
-    :func:`workshop_lib.lab.processes.kill_tree`.
+
+def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
+              stdout=subprocess.PIPE, env: dict[str, str] | None = None, watch: bool = False) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node=N [-m workshop_lib.watch] script args`` in a session of its own.
+
+    How the lab starts a job. One thread per rank unless OMP_NUM_THREADS says otherwise; ``env`` adds variables.
+    ``watch``: attach the hang watch from outside (WORKSHOP_HANG_RECORD and WORKSHOP_HANG_AFTER in the
+    environment reach it). With ``--max-restarts`` in ``torchrun_flags``, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
+    torch 2.13's agent otherwise shares its TCP store with the workers, and a restarted round can dial the
+    dead round's ranks (docs/reference/restarts.md). Stop it with :func:`workshop_lib.lab.processes.kill_tree`.
     """
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            *torchrun_flags, str(script), *map(str, args)]
-    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+            *torchrun_flags, *(WATCH if watch else []), str(script), *map(str, args)]
+    restarts = {RESTART_VARIABLE: "1"} if _restarts(torchrun_flags) else {}
+    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **restarts, **(env or {})}
     text = {"text": True, "bufsize": 1} if stdout is subprocess.PIPE else {}
     return subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
                             start_new_session=True, **text)

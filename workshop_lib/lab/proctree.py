@@ -27,8 +27,8 @@ AGENT, WORKER, STORE = "#dbe9f6", "#fdebd3", "#e3f1dc"  # box colours
 def worker_record() -> str:
     """One line for :func:`one_node`: this process, its parent (torchrun's agent) and torchrun's variables.
 
-    The figure shows what torchrun set, so this reads the variables by name
-    (the step scripts read them through ``distributed.read_launch_env`` only).
+    The figure shows what torchrun set, so this reads the variables by name, as
+    they are (the tools parse them in :func:`workshop_lib.debug.launchenv.read_launch_env`).
     """
     import os
 

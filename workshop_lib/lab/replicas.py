@@ -2,8 +2,8 @@
 
 :func:`record` forks 2 ranks (:func:`workshop_lib.lab.forklaunch.notebook_launch`)
 and has each train one epoch the way a step script does: the same seed, data,
-sampler, loader, model and optimizer, with the notebook's own ``make_sampler``
-(steps 2, 3) and ``wrap`` (step 3). Each rank keeps
+loader, model, optimizer and loop, with the notebook's own ``make_loader``
+(steps 2 and 3; step 3 wraps the model in ``DDP``). Each rank keeps
 
 * its shard: the training molecules its sampler gives it this epoch;
 * its first batch's own gradient (what ``backward()`` computes from that batch
@@ -64,50 +64,59 @@ class Held:
         return [self._spread([w[step] for w in self.weights]) for step in range(len(self.weights[0]))]
 
 
-def _on_rank(env, kinds: Sequence[int], make_sampler: Callable | None, wrap: Callable | None, limit: int) -> dict:
-    """One epoch of each kind of step on this rank, as the step scripts train it."""
+def _step1_loader(dataset, batch_size: int, seed: int):
+    """Step 1's make_loader: every rank all the data, shuffled by a seeded generator (the same order everywhere)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from workshop_lib.data import collate
+
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed),
+                      collate_fn=collate)
+
+
+def _on_rank(env, kinds: Sequence[int], make_loader: Callable | None, limit: int) -> dict:
+    """One epoch of each kind of step on this rank, as the step scripts train it (the same seed, data and steps)."""
     import torch
     import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.nn.utils import parameters_to_vector
-    from torch.utils.data import RandomSampler
 
     from workshop_lib.config import TrainConfig
-    from workshop_lib.data import load_splits, make_loader
-    from workshop_lib.train import build_model, build_optimizer
+    from workshop_lib.data import load_splits
+    from workshop_lib.model import SmilesLSTM
 
     def grad_vector(model) -> torch.Tensor:
         return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone()
 
     cfg = TrainConfig(limit=limit)
-    names = [name for name, _ in build_model(cfg, 40).named_parameters()]
-    splits = load_splits(cfg.data, cfg.smiles_col, cfg.label_col, cfg.limit, cfg.heldout_frac, cfg.dev_frac,
-                         cfg.split_seed)  # draws no random numbers: loading it first changes nothing below
+    splits = load_splits(cfg)  # draws no random numbers: loading it first changes nothing below
     out = {}
     for kind in kinds:
-        torch.manual_seed(cfg.seed)  # as each script's train() starts
-        if kind == 1:  # step 1: every rank the whole training split, in the same seeded order
-            sampler = RandomSampler(splits.train, generator=torch.Generator().manual_seed(cfg.seed))
-            shard = list(range(len(splits.train)))
+        loader = (_step1_loader if kind == 1 else make_loader)(splits.train, cfg.batch_size, cfg.seed)
+        if kind > 1:
+            loader.sampler.set_epoch(0)
+            shard = sorted(int(i) for i in loader.sampler)
         else:
-            sampler = make_sampler(splits.train, cfg, env)
-            sampler.set_epoch(0)
-            shard = sorted(int(i) for i in sampler)
-        loader = make_loader(splits.train, sampler, cfg.batch_size, seed=cfg.seed)
-        model = build_model(cfg, len(splits.tokenizer))
-        net = wrap(model, env) if kind == 3 else model
-        optimizer = build_optimizer(cfg, net)
+            shard = list(range(len(splits.train)))
+        torch.manual_seed(cfg.seed)  # as each script seeds before building its model
+        model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
+        net = DDP(model) if kind == 3 else model  # step 3: backward() now averages
+        optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        names = [name for name, _ in model.named_parameters()]
         sizes = [p.numel() for p in model.parameters()]
         at = sum(sizes[: names.index(SHOWN)])
         start, weights, own = parameters_to_vector(model.parameters()).detach().clone(), [], None
-        for batch in loader:
+        net.train()
+        for tokens, lengths, labels in loader:  # the scripts' loop
             if own is None:  # this batch's gradient alone: a plain copy, the same dropout masks
                 rng = torch.get_rng_state()
                 twin = copy.deepcopy(model)
-                F.binary_cross_entropy_with_logits(twin(batch.tokens, batch.lengths), batch.labels).backward()
+                F.binary_cross_entropy_with_logits(twin(tokens, lengths), labels).backward()
                 own = grad_vector(twin)
                 torch.set_rng_state(rng)
-            loss = F.binary_cross_entropy_with_logits(net(batch.tokens, batch.lengths), batch.labels)
-            optimizer.zero_grad(set_to_none=True)
+            loss = F.binary_cross_entropy_with_logits(net(tokens, lengths), labels)
+            optimizer.zero_grad()
             loss.backward()  # under DDP, this also averages the gradients across ranks
             if not weights:
                 grad = grad_vector(model)
@@ -118,12 +127,14 @@ def _on_rank(env, kinds: Sequence[int], make_sampler: Callable | None, wrap: Cal
     return out
 
 
-def record(make_sampler: Callable | None = None, wrap: Callable | None = None, kinds: Sequence[int] = (1, 2),
-           limit: int = 1000, nprocs: int = 2, timeout: float = 90) -> dict[int, Held]:
+def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), limit: int = 1000, nprocs: int = 2,
+           timeout: float = 90) -> dict[int, Held]:
     """Train one epoch of each kind of step (1, 2, 3) on ``nprocs`` forked ranks; what each rank held.
 
-    ``make_sampler(dataset, cfg, env)`` serves steps 2 and 3, ``wrap(model, env)`` step 3:
-    the notebook's own functions, as the step scripts call them.
+    ``make_loader(dataset, batch_size, seed) -> DataLoader`` is the notebook's own (a
+    ``DistributedSampler`` in a plain DataLoader), called inside the ranks' group: it
+    serves steps 2 and 3 (step 3 wraps the model in ``DDP``). Step 1 is drawn with step
+    1's loader: all the data on every rank, shuffled the same way.
     """
     import torch._dynamo  # noqa: F401 (DDP and the optimizer import it on first use: once here, not in each rank)
 
@@ -131,9 +142,9 @@ def record(make_sampler: Callable | None = None, wrap: Callable | None = None, k
 
     if any(k not in TITLES for k in kinds):
         raise WorkshopError(f"kinds {list(kinds)}: the steps drawn are 1, 2 and 3")
-    if (make_sampler is None and any(k > 1 for k in kinds)) or (wrap is None and 3 in kinds):
-        raise WorkshopError("steps 2 and 3 need make_sampler=, step 3 also wrap=: pass the notebook's functions")
-    ranks = notebook_launch(_on_rank, nprocs, list(kinds), make_sampler, wrap, limit, timeout=timeout)
+    if make_loader is None and any(k > 1 for k in kinds):
+        raise WorkshopError("steps 2 and 3 need your make_loader: replicas.record(make_loader, kinds=...)")
+    ranks = notebook_launch(_on_rank, nprocs, list(kinds), make_loader, limit, timeout=timeout)
     return {kind: Held(kind, ranks[0][kind]["n_train"], [r[kind]["shard"] for r in ranks],
                        [r[kind]["own"] for r in ranks], [r[kind]["grad"] for r in ranks],
                        [r[kind]["weights"] for r in ranks], ranks[0][kind]["start"], slice(*ranks[0][kind]["shown"]))

@@ -136,11 +136,12 @@ def _native_stderr_muted():
 
 
 def _train_step(model, optimizer, batch) -> None:
-    """Step 3's training step (workshop_lib.train.train_epoch's loop body)."""
+    """Step 3's training step (the scripts' loop body)."""
     import torch.nn.functional as F
 
-    optimizer.zero_grad(set_to_none=True)
-    loss = F.binary_cross_entropy_with_logits(model(batch.tokens, batch.lengths), batch.labels)
+    tokens, lengths, labels = batch
+    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+    optimizer.zero_grad()
     loss.backward()  # DDP's all-reduces start in here
     optimizer.step()
 
@@ -154,20 +155,20 @@ def _rank_profiles(env, caps: Sequence[float | None], limit: int) -> dict:
     from torch.utils.data import DistributedSampler
 
     from workshop_lib.config import TrainConfig
-    from workshop_lib.data import load_splits
-    from workshop_lib.paths import DEFAULT_DATA
-    from workshop_lib.train import build_model, build_optimizer
+    from workshop_lib.data import collate, load_splits
+    from workshop_lib.model import SmilesLSTM
 
-    cfg = TrainConfig()
-    splits = load_splits(DEFAULT_DATA, limit=limit)
+    cfg = TrainConfig(limit=limit)
+    splits = load_splits(cfg)
     shard = torch.tensor(list(DistributedSampler(splits.train, env.world_size, env.rank, seed=cfg.seed)))  # (N/2,)
     typical = shard[torch.argsort(splits.train.lengths[shard])][len(shard) // 2:][:cfg.batch_size]  # middle lengths
-    batch = splits.train.__getitems__(typical.tolist())  # both ranks about the same work: no long wait for one
+    batch = collate([splits.train[i] for i in typical.tolist()])  # both ranks about the same work: no long wait
     out = {}
     for cap in caps:
         torch.manual_seed(cfg.seed)
-        model = DDP(build_model(cfg, len(splits.tokenizer)), bucket_cap_mb=cap)
-        optimizer = build_optimizer(cfg, model)
+        model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
+        model = DDP(model, bucket_cap_mb=cap)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         for _ in range(2):  # the second step's forward rebuilds the buckets: profile the third
             _train_step(model, optimizer, batch)
         dist.barrier()  # both ranks start the profiled step together

@@ -92,23 +92,23 @@ class MachineFit:
 
 @functools.lru_cache(maxsize=2)
 def _splits(limit: int | None):
+    from workshop_lib.config import TrainConfig
     from workshop_lib.data import load_splits
-    from workshop_lib.paths import DEFAULT_DATA
 
-    return load_splits(DEFAULT_DATA, limit=limit)
+    return load_splits(TrainConfig(limit=limit))
 
 
 def _batches(batch: int, rank: int, world: int, limit: int | None):
     """Every training batch of epoch 0 on ``rank`` of ``world``, as step 3 draws them (the last one partial)."""
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler
 
     from workshop_lib.config import TrainConfig
-    from workshop_lib.data import make_loader
+    from workshop_lib.data import collate
 
     cfg = TrainConfig()
     splits = _splits(limit)
     sampler = DistributedSampler(splits.train, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed)
-    data = list(make_loader(splits.train, sampler, batch, seed=cfg.seed))
+    data = list(DataLoader(splits.train, batch_size=batch, sampler=sampler, collate_fn=collate))
     if not data or max(len(b.labels) for b in data) < batch:
         raise WorkshopError(f"no full batch of {batch} on rank {rank} of {world} with --limit {limit}; "
                             "raise the limit or measure smaller batches")
@@ -120,17 +120,17 @@ def _trainer(vocab: int):
     import torch.nn.functional as F
 
     from workshop_lib.config import TrainConfig
-    from workshop_lib.train import build_model, build_optimizer
+    from workshop_lib.model import SmilesLSTM
 
     torch.manual_seed(0)
     cfg = TrainConfig()
-    model = build_model(cfg, vocab)
-    optimizer = build_optimizer(cfg, model)
+    model = SmilesLSTM(vocab, cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def train_step(b) -> float:
+    def train_step(b) -> float:  # the step scripts' loop body, timed
         start = time.perf_counter()
         loss = F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         return time.perf_counter() - start
@@ -142,7 +142,7 @@ def time_alone(batches: Sequence[int], repeats: int = 3, limit: int | None = Non
     """Seconds of one training step at each batch size, this process alone on one thread.
 
     A whole epoch is timed, batch by batch (best of ``repeats`` passes), and its time per molecule
-    scaled to one full batch: the long molecules all end up in the last, partial batch, and it costs the most.
+    scaled to one full batch: molecules differ in length, and the last batch is partial.
     """
     import torch
 

@@ -1,4 +1,8 @@
-"""checks.group.process_group: both ways of joining pass (the standard env:// line and store=), device_id= is checked."""
+"""checks.group.process_group: the learner's setup(timeout) as rank 3 of 4 (local rank 1) on a 2-GPU node and a CPU.
+
+Every textbook form passes (env://, with or without timeout=, device_id= this process's GPU); each wrong one is
+named. Nothing is joined: init_process_group is observed, not called.
+"""
 
 from __future__ import annotations
 
@@ -6,67 +10,86 @@ import re
 
 import pytest
 
-from tests.unit.checks.test_notebook_checks import _solution
+from tests.conftest import REPO
 from workshop_lib.checks import common, group
 
-# The solution's join, and what a learner may write instead.
-STORE_FORM = ("    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,\n"
-              "                            timeout=timedelta(seconds=cfg.timeout))\n")
-GPU_ONLY = 'device if device.type == "cuda" else None'
+GPU_INIT = '        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)\n'
+CPU_INIT = '        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))\n'
+LOCAL = 'int(os.environ["LOCAL_RANK"])'
 
 
-def _joining(line: str):
-    """solutions/step1's main with its init_process_group call replaced by ``line``."""
-    return _solution("step1_process_group", (STORE_FORM, f"    {line}\n")).main
+def solution(step: str, *edits: tuple[str, str]) -> dict:
+    """The names solutions/<step>.py defines, each ``(old, new)`` replaced once first (its main does not run)."""
+    path = REPO / "solutions" / f"{step}.py"
+    text = path.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} is not in {path.name} exactly once: update the test"
+        text = text.replace(old, new)
+    names: dict = {"__name__": f"solution_{step}", "__file__": str(path)}
+    exec(compile(text, str(path), "exec"), names)
+    return names
 
 
-def test_the_store_form_passes_without_notes(capsys):
-    group.process_group(_solution("step1_process_group").main)
+def setup_with(*edits: tuple[str, str]):
+    return solution("step1_process_group", *edits)["setup"]
+
+
+def test_the_solution_passes_without_notes(capsys):
+    group.process_group(setup_with())
     out = capsys.readouterr().out
-    assert "joined as rank 3 of 4 on the store; left the group even when the training raised" in out
-    assert "note" not in out
+    assert out == ("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs, Gloo on a CPU; joined "
+                   "as rank 3 of 4 through torchrun's variables\n")
 
 
-def test_the_standard_line_passes_and_says_what_it_leaves_out(capsys):
-    group.process_group(_joining("dist.init_process_group(backend)"))
-    out = capsys.readouterr().out
-    assert out.startswith("\N{CHECK MARK} main: NCCL on cuda:1 as local rank 1 of a GPU node, Gloo on a CPU; joined "
-                          "as rank 3 of 4 through torchrun's variables (env://)")
-    assert "plain `python` (no RANK to read) and torchrun's restarts (the dead round's keys) need the store= form" in out
-    assert "without timeout=, a rank waits torch's default (30 min on Gloo) for a missing peer" in out
+@pytest.mark.parametrize("edits", [
+    [(GPU_INIT, '        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout))\n')],
+    [(GPU_INIT, f'        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id={LOCAL})\n')],
+    [(GPU_INIT, '        dist.init_process_group("nccl", "env://", timeout=timedelta(seconds=timeout), '
+                'device_id=device)\n')],
+    [(GPU_INIT, '        dist.init_process_group("nccl", rank=int(os.environ["RANK"]), world_size=int(os.environ['
+                '"WORLD_SIZE"]), device_id=device)\n')],
+    [(GPU_INIT, "        dist.init_process_group(timeout=timedelta(seconds=timeout), device_id=device)\n"),
+     (CPU_INIT, "        dist.init_process_group(timeout=timedelta(seconds=timeout))\n")],
+], ids=["without_device_id", "device_id_int", "env_explicit", "rank_from_the_environment", "backend_left_out"])
+def test_every_textbook_form_passes(edits, capsys):
+    group.process_group(setup_with(*edits))
+    assert "joined as rank 3 of 4 through torchrun's variables" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("line", [
-    f"dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout), device_id={GPU_ONLY})",
-    'dist.init_process_group(backend, "env://", timeout=timedelta(seconds=cfg.timeout))',
-    "dist.init_process_group(backend, rank=launch.rank, world_size=launch.world_size, "
-    "timeout=timedelta(seconds=cfg.timeout))",
-    "dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size, "
-    f"timeout=timedelta(seconds=cfg.timeout), device_id={GPU_ONLY})",
-    "dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout), "
-    'device_id=launch.local_rank if backend == "nccl" else None)',
-], ids=["env_device_id", "env_explicit", "env_rank_given", "store_device_id", "device_id_int"])
-def test_every_right_way_to_join_passes(line, capsys):
-    group.process_group(_joining(line))
-    assert "joined as rank 3 of 4" in capsys.readouterr().out
+def test_a_join_without_timeout_passes_with_a_note(capsys):
+    group.process_group(setup_with((CPU_INIT, '        dist.init_process_group("gloo")\n')))
+    assert "(note: without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer)" \
+        in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("dist.init_process_group(backend, rank=launch.local_rank)",
-     "main joined with rank=1, its local rank: pass the global rank (launch.rank), or leave rank= out under torchrun"),
-    ("dist.init_process_group(backend, world_size=launch.local_world_size)",
-     "as rank 3 of 4 main joined with rank=3, world_size=2: pass the launch's rank and world size"),
-    ("dist.init_process_group(backend, store=store, timeout=timedelta(seconds=cfg.timeout))",
+@pytest.mark.parametrize(("edits", "message"), [
+    ([(GPU_INIT, f'        dist.init_process_group("nccl", rank={LOCAL}, world_size=4, device_id=device)\n')],
+     "as rank 3 of 4 (local rank 1) setup joined with rank=1, its local rank: leave rank= out under torchrun"),
+    ([(LOCAL, 'int(os.environ["RANK"])')],
+     "as local rank 1 on a node with 2 GPUs, setup called torch.cuda.set_device with [3], the global rank"),
+    ([("        torch.cuda.set_device(device)\n", "")],
+     "as local rank 1 on a node with 2 GPUs, setup never called torch.cuda.set_device"),
+    ([(CPU_INIT, CPU_INIT.replace('"gloo"', '"nccl"'))],
+     "on a machine without GPUs setup joined with backend 'nccl': use 'gloo'"),
+    ([(GPU_INIT, GPU_INIT.replace('"nccl",', '"gloo",'))],
+     "on a node with 2 GPUs setup joined with backend 'gloo': use 'nccl'"),
+    ([(GPU_INIT, '        dist.init_process_group("nccl", store=dist.HashStore(), device_id=device)\n')],
      "init_process_group got store= but not both rank= and world_size=: with a store torch needs all three"),
-    ("dist.init_process_group(backend, device_id=launch.rank if backend == 'nccl' else None)",
-     "on a node with 2 GPUs, as local rank 1, main passed device_id=3: device_id is this process's own GPU, "
-     "cuda:LOCAL_RANK"),
-    ("dist.init_process_group(backend, device_id=device)",
-     "on a machine without GPUs, as local rank 1, main passed device_id=device(type='cpu'): pass device_id= only "
-     "with GPUs"),
-    ('dist.init_process_group("gloo")', "on a node with 2 GPUs main joined with backend 'gloo': use 'nccl'"),
-], ids=["local_rank", "local_world_size", "store_without_rank", "device_id_global_rank", "device_id_on_cpu",
-        "gloo_on_gpus"])
-def test_a_wrong_join_is_named(line, message):
+    ([(GPU_INIT, GPU_INIT.replace("device_id=device", 'device_id=torch.device("cuda", int(os.environ["RANK"]))'))],
+     "on a node with 2 GPUs, as local rank 1, setup passed device_id=cuda:3 (the global rank): device_id is this "
+     "process's own GPU, cuda:LOCAL_RANK"),
+    ([("    return device\n", '    return torch.device("cuda", 0) if torch.cuda.is_available() else device\n')],
+     "as local rank 1 on a node with 2 GPUs, setup returned cuda:0: return cuda:LOCAL_RANK, its own GPU"),
+    ([(CPU_INIT, "        raise NotImplementedError\n")],
+     "setup still raises NotImplementedError: fill in its TODO"),
+], ids=["local_rank_as_rank", "device_of_the_global_rank", "no_set_device", "nccl_without_gpus", "gloo_on_gpus",
+        "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo"])
+def test_a_wrong_setup_is_named(edits, message):
     with pytest.raises(common.CheckFailed, match=re.escape(message)):
-        group.process_group(_joining(line))
+        group.process_group(setup_with(*edits))
+
+
+def test_each_notebook_check_module_offers_the_script_check():
+    from workshop_lib.checks import ddp, patterns, sampler, script
+
+    assert group.script is sampler.script is ddp.script is patterns.script is script.check

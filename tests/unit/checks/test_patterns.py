@@ -1,24 +1,24 @@
 """Notebook 04a's checks: each passes the right code and names the mistake in each wrong one.
 
-The accumulation loop and step 4's ``train`` run on 2 forked ranks, as in the
-notebook; the prediction check reads hand-built records, and the recorder is
-checked against a real DDP model.
+The accumulation loop runs on 2 forked ranks, as in the notebook; the
+prediction check reads hand-built records, and the recorder is checked against a
+real DDP model. The snapshots check is the script checker's resume of step 4
+(tests/unit/checks/test_script.py holds its mistakes); here, that it delegates.
 """
 
 from __future__ import annotations
 
 import contextlib
-import runpy
-import types
 
 import pytest
 import torch.nn.functional as F
 
 from workshop_lib.checks import patterns
 from workshop_lib.checks.common import CheckFailed
-from workshop_lib.data import load_splits
+from workshop_lib.config import TrainConfig
+from workshop_lib.data import collate, load_splits
 from workshop_lib.lab import forklaunch
-from workshop_lib.paths import DEFAULT_DATA, REPO_ROOT
+from workshop_lib.paths import REPO_ROOT
 
 SPLITS = None
 STEP4 = REPO_ROOT / "solutions" / "step4_snapshots.py"
@@ -27,8 +27,8 @@ STEP4 = REPO_ROOT / "solutions" / "step4_snapshots.py"
 def batches_of(rank: int):
     global SPLITS
     if SPLITS is None:
-        SPLITS = load_splits(DEFAULT_DATA, limit=400)
-    return [SPLITS.train.__getitems__(range((rank * 8 + k) * 8, (rank * 8 + k + 1) * 8)) for k in range(8)]
+        SPLITS = load_splits(TrainConfig(limit=400))
+    return [collate([SPLITS.train[i] for i in range((rank * 8 + k) * 8, (rank * 8 + k + 1) * 8)]) for k in range(8)]
 
 
 def vocab() -> int:
@@ -132,43 +132,11 @@ def test_each_accumulation_mistake_is_named(loop, named):
     assert named in str(err.value), str(err.value)
 
 
-# ------------------------------------------------------------------------- step 4's train
+# ------------------------------------------------------------------------- step 4's snapshots
 
 
-def step4_train(*drop: str, replace: tuple[str, str] | None = None):
-    """Step 4's train from solutions/step4_snapshots.py, without the lines that contain any of ``drop``."""
-    lines = [line for line in STEP4.read_text().splitlines() if not any(d in line for d in drop)]
-    source = "\n".join(lines)
-    if replace:
-        source = source.replace(*replace)
-    module = types.ModuleType("step4_variant")
-    module.__file__ = str(STEP4)
-    exec(compile(source, str(STEP4), "exec"), module.__dict__)  # the repository's own script, changed
-    return module.train
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_step4s_train_passes(capsys):
-    patterns.snapshots(runpy.run_path(str(STEP4))["train"])
-    out = capsys.readouterr().out
-    assert "--epochs 2: trained epochs 1, 2; snapshot.pt holds epoch 2" in out
-    assert ("--epochs 3: resuming from snapshot.pt: epoch 2/3 was done; trained epoch 3; snapshot.pt holds epoch 3"
-            in out)
-    assert out.rstrip().endswith("\N{CHECK MARK} train: the second run resumed after epoch 2 and trained only epoch 3; "
-                                 "metrics.json holds all 3")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize(("train", "named"), [
-    (lambda: step4_train("checkpoint.save("), "no snapshot.pt in --out after 2 epochs: call checkpoint.save("),
-    (lambda: step4_train("checkpoint.load_latest(", replace=("checkpoint.restore(latest", "checkpoint.restore(None")),
-     "the second run started again from epoch 1: before the loop, load the latest snapshot"),
-    (lambda: step4_train(replace=("range(start, cfg.epochs)", "range(cfg.epochs)")),
-     "the second run found the snapshot but trained from epoch 1 again: start the loop at the epoch"),
-], ids=["no save", "no resume", "loop from 0"])
-def test_each_snapshot_mistake_is_named(train, named):
-    with pytest.raises(CheckFailed) as err:
-        patterns.snapshots(train())
-    assert str(err.value).startswith(named), str(err.value)
+def test_snapshots_is_the_script_checkers_resume_check(monkeypatch):
+    seen = []
+    monkeypatch.setattr(patterns, "script", lambda path, step=None: seen.append((path, step)))
+    patterns.snapshots(STEP4)
+    assert seen == [(STEP4, 4)]

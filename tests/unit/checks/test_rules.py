@@ -1,392 +1,468 @@
-"""The rules of :mod:`workshop_lib.checks.rules` on records made by hand: two ranks, each mistake named in its line.
+"""The rules on records made by hand: a correct 2-rank run of step 3, then one mistake put into it; nothing starts.
 
-The records have the shape :mod:`workshop_lib.checks.record` and :func:`workshop_lib.checks.rank.run_script`
-give them: one dict an event, ``kind`` and ``line`` first. A correct run of each step script is built
-event by event, then one mistake is put into it; nothing is started.
+The records have the shape :mod:`workshop_lib.checks.record` writes (one dict an event, ``kind`` and ``line``
+first) and :class:`workshop_lib.checks.runner.Run` holds (each rank's events, its parameters after each step,
+the hang watch's blocks). The script's text is the real step 3 solution, so every "line N" is one of its lines.
 """
 
 from __future__ import annotations
 
 import copy
+import random
 
+import numpy as np
 import pytest
 
-from workshop_lib.checks import rules, step_rules
+from tests.conftest import REPO
+from workshop_lib.checks import resume, rules, shards, source, step_rules
+from workshop_lib.checks.events import spreads, waiting_in
+from workshop_lib.checks.rules import Case
+from workshop_lib.checks.runner import Run
 
-WORLD = 2
-LOSS = {0: 1.0, 1: 3.0}  # each rank's value for mean_over_ranks: the mean is 2, the sum 4
-# The learner's lines of each call, so that every "(line N)" of a message is checked too.
-INIT, ALL_REDUCE, SAMPLER, DDP, MEAN, GATHER, SET_EPOCH, READ, EVAL, SAVE, DESTROY = \
-    12, 30, 40, 45, 55, 50, 60, 61, 70, 80, 90
-UNINITIALISED = "Default process group has not been initialized, please make sure to call init_process_group."
-
-
-# ----------------------------------------------------------------------------- events
+SOURCE = (REPO / "solutions" / "step3_ddp.py").read_text()
+N, DEV, WORLD, EPOCHS = 144, 36, 2, 2
+LOSS = {0: 0.7, 1: 0.8}  # each rank's mean loss over its 72 molecules: the mean over all 144 is 0.75
 
 
-def ev(kind: str, line: int | None = None, **data) -> dict:
-    return {"kind": kind, "line": line, **data}
+def line(text: str) -> int:
+    """The number of the solution's first line that holds ``text``."""
+    return next(i for i, code in enumerate(SOURCE.splitlines(), 1) if text in code)
 
 
-def collective(name: str, line: int, op: str | None = None, before: list | None = None) -> list[dict]:
-    return [ev("collective", line, name=name, phase="enter", op=op, before=before),
-            ev("collective", line, name=name, phase="exit", after=before)]
+INIT, CHECK, SAMPLER, WRAP = line('init_process_group("gloo"'), line("dist.all_reduce(value"), \
+    line("DistributedSampler(dataset"), line("model = DDP(")
+SET_EPOCH, READ, BACKWARD, STEP = line("sampler.set_epoch"), line("in loader:"), line("loss.backward()"), \
+    line("optimizer.step()")
+TOTALS, GATHER, EVAL, SAVE, DESTROY = line("dist.all_reduce(totals)"), line("dist.all_gather("), \
+    line("dev_auc = evaluate("), line("torch.save("), line("dist.destroy_process_group()")
 
 
-def failed(error: str, message: str, at: int | None = None) -> dict:
-    return ev("end", ok=False, error=error, message=message, at=at)
+def ev(kind: str, where: int | None = None, **data) -> dict:
+    return {"kind": kind, "line": where, "t": 0.0, **data}
 
 
-def joined(rank: int) -> list[dict]:
-    return [ev("start", pid=1000 + rank),
-            ev("init", INIT, backend="gloo", rank=rank, world_size=WORLD, phase="enter"), ev("init", INIT, phase="exit")]
+def collective(name: str, where: int, seq: int, op=None, before=None, after=None) -> list[dict]:
+    return [ev("collective", where, name=name, phase="enter", seq=seq, op=op, before=before),
+            ev("collective", None, name=name, phase="exit", seq=seq, after=after)]
 
 
-def epoch(rank: int, number: int, step: int) -> list[dict]:
-    events = [ev("set_epoch", SET_EPOCH, epoch=number), ev("read_sampler", READ, epoch=number)]
-    if step == 3:
-        events += [*collective("all_reduce", MEAN, "SUM", [LOSS[rank]]),
-                   ev("call", MEAN, name="mean_over_ranks", args=[LOSS[rank], None], ops=["SUM"], result=2.0)]
-    events += collective("all_gather", GATHER)
-    if step == 3 and rank == 0:
-        events.append(ev("evaluate", EVAL, model="SmilesLSTM"))
-    return events
+def order(epoch: int) -> list[int]:
+    return random.Random(epoch).sample(range(N), N)  # the sampler's permutation of an epoch
 
 
-def step_run(step: int) -> dict[int, list[dict]]:
-    """What each rank of a correct step script records."""
-    ranks = {}
-    for rank in range(WORLD):
-        events = joined(rank)
-        if step == 1:
-            events += collective("all_reduce", ALL_REDUCE, "SUM", [rank + 1.0])
-        else:
-            events += [ev("sampler", SAMPLER, num_replicas=WORLD, rank=rank, group=True),
-                       ev("sampler_made", SAMPLER, num_replicas=WORLD, rank=rank, shuffle=True)]
-        if step == 3:
-            events.append(ev("ddp", DDP, device_ids=None, devices=["cpu"]))
-        if step > 1:
-            events += [*epoch(rank, 0, step), *epoch(rank, 1, step)]
-        if step == 3 and rank == 0:
-            events.append(ev("save", SAVE, path="/tmp/ddp-check-1/out0/model.pt", rank=0,
-                             keys=["embedding.weight", "lstm.weight_ih_l0", "lstm.weight_hh_l0"]))
-        ranks[rank] = [*events, ev("destroy", DESTROY, args=[]), ev("end", ok=True, replica_spread=0.0)]
-    return ranks
+def rank_events(rank: int) -> list[dict]:
+    """What one rank of a correct step 3 run records."""
+    events = [ev("start"), ev("splits", line("load_splits("), train={"n": N, "fp": "f00d"}, dev={"n": DEV, "fp": "d"},
+                              heldout={"n": 20, "fp": "h"}),
+              ev("init", INIT, phase="enter", backend="gloo", store=False, timeout=True),
+              ev("init", None, phase="exit", rank=rank, world_size=WORLD),
+              *collective("all_reduce", CHECK, 1, "SUM", [rank + 1.0], [3.0]),
+              ev("sampler", SAMPLER, split="train", id=7, given_replicas=None, given_rank=None, num_replicas=WORLD,
+                 rank=rank, shuffle=True, seed=0, n=N, local_rank="0"),
+              ev("ddp", WRAP, device_ids=None, find_unused=False)]
+    seq = 1
+    for epoch in range(EPOCHS):
+        events += [ev("set_epoch", SET_EPOCH, id=7, split="train", epoch=epoch),
+                   ev("pass", READ, split="train", epoch_pass=epoch, sampler="DistributedSampler", sampler_id=7,
+                      sampler_epoch=epoch, workers=0),
+                   ev("backward", BACKWARD, phase="enter"), ev("backward", None, phase="exit", ok=True),
+                   ev("fetched", None, split="train", epoch_pass=epoch, indices=order(epoch)[rank::WORLD]),
+                   ev("step", STEP, n=epoch, epoch_pass=epoch, numel=3, ddp_forwards=1, bypasses=0, backwards=1,
+                      losses=[[LOSS[rank], 72]]),
+                   *collective("all_reduce", TOTALS, seq + 1, None, [LOSS[rank] * 72, 72.0], [108.0, 144.0]),
+                   *collective("all_gather", GATHER, seq + 2)]
+        seq += 2
+        if rank == 0:
+            events += [ev("evaluate", EVAL, model="SmilesLSTM", split="dev"),
+                       ev("pass", EVAL, split="dev", epoch_pass=epoch, sampler="SequentialSampler", sampler_id=None,
+                          sampler_epoch=None, workers=0),
+                       ev("fetched", None, split="dev", epoch_pass=epoch, indices=list(range(DEV)))]
+    if rank == 0:
+        events.append(ev("save", SAVE, path="/tmp/out/model.pt", keys=["embed.weight", "forward_lstm.weight_ih_l0"],
+                         rank=0, epoch=None))
+    return [*events, ev("destroy", DESTROY), ev("end", None, left_group=True, how="ok")]
 
 
-def _is(event: dict, kind: str, match: dict) -> bool:
-    return event["kind"] == kind and all(event.get(k) == v for k, v in match.items())
+def good_run() -> Run:
+    return Run({r: rank_events(r) for r in range(WORLD)}, {r: [np.ones(3, np.float32)] * EPOCHS for r in range(WORLD)})
 
 
-def drop(ranks: dict, kind: str, on: tuple[int, ...] = (0, 1), **match) -> dict:
-    """A copy of ``ranks`` without the events of ``kind`` (and ``match``) of the ranks ``on``."""
-    return {r: [e for e in events if r not in on or not _is(e, kind, match)] for r, events in ranks.items()}
+METRICS = {"history": [{"epoch": e, "train_loss": 0.75, "dev_roc_auc": 0.6, "replica_spread": 0.0} for e in range(2)]}
 
 
-def edit(ranks: dict, kind: str, changes: dict, on: tuple[int, ...] = (0, 1), **match) -> dict:
-    """A copy of ``ranks`` whose events of ``kind`` (and ``match``) on the ranks ``on`` get ``changes``."""
-    ranks = copy.deepcopy(ranks)
+def case(run: Run | None = None, step: int = 3, metrics: dict | None = METRICS, source: str = SOURCE) -> Case:
+    return Case(run or good_run(), step, EPOCHS, source, "step3_ddp.py", copy.deepcopy(metrics))
+
+
+def changed(match: dict, changes: dict | None = None, on: tuple[int, ...] = (0, 1), drop: bool = False,
+            run: Run | None = None) -> Run:
+    """A copy of ``run`` (default: the good one) whose events that ``match`` get ``changes``, or go (``drop``)."""
+    run = copy.deepcopy(run or good_run())
     for r in on:
-        for event in ranks[r]:
-            if _is(event, kind, match):
-                event.update(changes)
-    return ranks
+        kept = []
+        for e in run.ranks[r]:
+            if all(e.get(k) == v for k, v in match.items()):
+                if drop:
+                    continue
+                e.update(changes or {})
+            kept.append(e)
+        run.ranks[r] = kept
+    return run
 
 
-def ending(ranks: dict, end: dict, on: tuple[int, ...] = (0, 1)) -> dict:
-    """A copy of ``ranks`` whose ranks ``on`` ended with ``end`` instead (no destroy: they raised)."""
-    ranks = drop(ranks, "destroy", on)
-    return {r: [e for e in events if r not in on or e["kind"] != "end"] + [end] * (r in on) for r, events in ranks.items()}
+def ended(run: Run, rank: int, **end) -> Run:
+    """``rank`` ended otherwise (no destroy): with ``end``'s fields, or stopped (no end at all) when empty."""
+    run = copy.deepcopy(run)
+    run.ranks[rank] = [e for e in run.ranks[rank] if e["kind"] not in ("end", "destroy")]
+    if end:
+        run.ranks[rank].append(ev("end", None, left_group=False, **end))
+    return run
 
 
-def cut(ranks: dict, kind: str, on: tuple[int, ...] = (0, 1), nth: int = 0, **match) -> dict:
-    """A copy of ``ranks`` whose ranks ``on`` stopped before their ``nth`` event of ``kind`` (still waiting there)."""
-    ranks = copy.deepcopy(ranks)
-    for r in on:
-        stop = [i for i, e in enumerate(ranks[r]) if _is(e, kind, match)][nth]
-        ranks[r] = ranks[r][:stop]
-    return ranks
+def cut(run: Run, rank: int, kind: str, nth: int = 0, **match) -> Run:
+    """``rank`` stopped just after entering its ``nth`` event of ``kind`` (and ``match``), still inside it."""
+    run = copy.deepcopy(run)
+    events = run.ranks[rank]
+    at = [i for i, e in enumerate(events) if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())][nth]
+    run.ranks[rank] = events[:at + 1]
+    return run
 
 
-def no_sampler(ranks: dict) -> dict:
-    """A copy of ``ranks`` that never built a DistributedSampler (so never set or read one)."""
-    for kind in ("sampler", "sampler_made", "set_epoch", "read_sampler"):
-        ranks = drop(ranks, kind)
-    return ranks
+def first(c: Case, step: int = 3) -> str | None:
+    return rules.first_mistake(c, step_rules.RULES[step])
 
 
-STEP1, STEP2, STEP3 = step_run(1), step_run(2), step_run(3)
+# ----------------------------------------------------------------------------- a correct run
 
 
-# ----------------------------------------------------------------------------- correct runs
+@pytest.mark.parametrize("step", [2, 3, 4])
+def test_a_correct_run_breaks_no_rule_and_its_tick_says_what_was_measured(step):
+    assert first(case(step=step), step) is None
+    assert step_rules.passed(case()) == (
+        "2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each epoch; spread after every "
+        "step 0.0; rank 0 alone evaluated all 36 dev molecules each epoch and saved the plain model; the logged loss "
+        "is the mean over all ranks")
 
 
-@pytest.mark.parametrize("step", [1, 2, 3])
-def test_a_correct_run_breaks_none_of_its_steps_rules(step):
-    ranks = step_run(step)
-    found = {rule.__name__: rule(ranks, world_size=WORLD, epochs=2) for rule in rules.RULES[step]}
-    assert found == dict.fromkeys(found)
-    assert rules.stalled(ranks) is None
-    assert rules.first_mistake(step, ranks, world_size=WORLD, epochs=2, timed_out=True) is None
+def test_the_tick_of_steps_1_and_2_says_what_was_measured():
+    whole = good_run()
+    for r in range(WORLD):
+        for e in whole.ranks[r]:
+            if e["kind"] == "fetched" and e["split"] == "train":
+                e["indices"] = order(e["epoch_pass"])
+    assert step_rules.passed(case(whole, step=1)) == (
+        "2 ranks joined one group and all-reduced 1 + 2 = 3; 2 epochs: each read all 144 training molecules; rank 0 "
+        "alone evaluated all 36 dev molecules each epoch and saved the model; every rank left the group")
+    drifted = good_run()
+    drifted.params[1] = [np.array([1, 1, 1.25], np.float32)] * 2
+    assert "; the replicas drifted apart (spread 0.25 after the last step); " in step_rules.passed(case(drifted, 2))
+    assert "; the replicas stayed equal (spread 0.0 after every step); " in step_rules.passed(case(step=2))
 
 
-# ----------------------------------------------------------------------------- each rule's mistakes
+def test_step_1_wants_every_epoch_trained():
+    short = changed({"kind": "pass", "split": "train", "epoch_pass": 1}, drop=True, on=(1,))
+    short = changed({"kind": "fetched", "split": "train", "epoch_pass": 1}, drop=True, on=(1,), run=short)
+    assert first(case(short, step=1), 1) == "rank 1 read the training molecules in 1 epoch(s), not 2: train every epoch"
 
 
-def test_open_todo_names_the_line_that_raises():
-    for at, where in ((75, " at line 75"), (None, "")):
-        ranks = ending(STEP1, failed("NotImplementedError", "fill in the TODO above", at=at), on=(1,))
-        assert rules.open_todo(ranks) == f"a TODO is still open{where}: fill it in (its line raises NotImplementedError)"
+# ----------------------------------------------------------------------------- how the run ended
 
 
-def test_device_choice_wants_set_device_only_on_gpus():
-    ranks = {r: [*events[:1], ev("set_device", 20, args=["cuda:0"]), *events[1:]] for r, events in STEP1.items()}
-    assert rules.device_choice(ranks, cuda=True) is None
-    assert rules.device_choice(ranks) == ("rank 0 called torch.cuda.set_device (line 20) on a machine without GPUs: "
-                                          "call it only when the device is a GPU")
+@pytest.mark.parametrize(("run", "expected"), [
+    (ended(good_run(), 1, how="error", error="NotImplementedError", message="fill in the TODO above", at=60),
+     "a TODO is still open (line 60): fill it in (its line raises NotImplementedError)"),
+    (ended(good_run(), 0, how="exit", code=2, message="unrecognized arguments: --fast", at=None),
+     "rank 0 stopped with exit code 2: unrecognized arguments: --fast"),
+    (ended(changed({"kind": "init"}, drop=True), 0, how="error", error="ValueError", at=line("dist.get_rank(),"),
+           message="Default process group has not been initialized, please make sure to call init_process_group."),
+     f"rank 0 used the process group before joining it (torch: Default process group has not been initialized) "
+     f"(line {line('dist.get_rank(),')}): call dist.init_process_group first (in setup)"),
+    (ended(changed({"kind": "init"}, drop=True), 0, how="error", error="ValueError", at=SAMPLER,
+           message="Default process group has not been initialized, please make sure to call init_process_group."),
+     f"the DistributedSampler (line {SAMPLER}) was built before the process group existed"),
+    (changed({"kind": "init"}, drop=True, on=(1,)),
+     "rank 1 never called dist.init_process_group: the processes never formed a group"),
+    (ended(changed({"kind": "init", "phase": "enter"}, {"backend": "nccl"}), 0, how="error", error="RuntimeError",
+           message="ProcessGroupNCCL is only supported with GPUs, no GPUs found!", at=INIT),
+     f"rank 0 joined with backend nccl (line {INIT}) on a machine without GPUs: use gloo"),
+    (changed({"kind": "init", "phase": "enter"}, {"given_rank": 0}),
+     f"ranks 0 and 1 all joined as rank 0 (init_process_group (line {INIT}) got rank=0, the local rank)"),
+], ids=["todo", "exit", "not_joined", "sampler_first", "never_joined", "nccl_on_cpu", "same_rank"])
+def test_the_endings_name_who_and_where(run, expected):
+    assert first(case(run)).startswith(expected), first(case(run))
 
 
-@pytest.mark.parametrize(("ranks", "cuda", "expected"), [
-    (ending(drop(drop(STEP1, "init"), "collective"), failed("ValueError", UNINITIALISED, at=66)), False,
-     "rank 0 used the process group before joining it (torch: Default process group has not been initialized) "
-     "(line 66): call dist.init_process_group first, in main"),
-    (drop(STEP1, "init", on=(1,)), False,
-     "rank 1 never called dist.init_process_group: the processes never formed a group; join it in main before training"),
-    (edit(STEP1, "init", {"backend": "nccl"}, phase="enter"), False,
-     "rank 0 joined with backend nccl (line 12) on a machine without GPUs: use gloo (CPU tensors)"),
-    (STEP1, True, "rank 0 joined with backend gloo (line 12) on GPUs: use nccl (CUDA tensors)"),
-    (edit(STEP1, "init", {"world_size": 1}, on=(1,), phase="enter"), False,
-     "rank 1 passed world_size=1 to init_process_group (line 12), but 2 processes were started: pass the launch's "
-     "world size"),
-    (edit(STEP1, "init", {"rank": 0}, phase="enter"), False,
-     "ranks 0 and 1 all joined as rank 0 (init_process_group at line 12 got rank=0): pass the global rank "
-     "(launch.rank); the local rank repeats on every node"),
-], ids=["never_initialised", "never_joined", "nccl_on_cpu", "gloo_on_gpus", "world_size", "local_rank"])
-def test_joining_names_how_a_rank_joined_wrongly(ranks, cuda, expected):
-    assert rules.joining(ranks, world_size=WORLD, cuda=cuda) == expected
-
-
-def test_joining_accepts_the_standard_line():
-    """init_process_group(backend): no rank= or world_size= (env://, torch reads RANK and WORLD_SIZE itself)."""
-    standard = edit(STEP1, "init", {"rank": None, "world_size": None}, phase="enter")
-    assert rules.joining(standard, world_size=WORLD) is None
-    assert rules.first_mistake(1, standard, world_size=WORLD, epochs=2) is None
-
-
-def _sampler_before_group() -> dict:
-    """A DistributedSampler built before init_process_group, without its place: torch raises, no rank joins."""
-    early = [ev("start"), ev("sampler", 33, num_replicas=None, rank=None, group=False),
-             failed("ValueError", UNINITIALISED, at=33)]
-    return {r: copy.deepcopy(early) for r in range(WORLD)}
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (_sampler_before_group(),
-     "the DistributedSampler (line 33) was built before the process group existed (torch: Default process group has "
-     "not been initialized): build it after init_process_group, or tell it this rank's place with num_replicas= and "
-     "rank="),
-    (no_sampler(STEP2),
-     "no rank built a DistributedSampler: every rank trains on all the data; give each rank its own shard "
-     "(torch.utils.data.distributed.DistributedSampler)"),
-    (edit(STEP2, "sampler_made", {"num_replicas": 1, "rank": 0}),
-     "rank 0's DistributedSampler splits the data into 1 shard(s) (line 40), but 2 processes train: pass the world "
-     "size as num_replicas"),
-    (edit(STEP2, "sampler_made", {"rank": 0}),
-     "ranks 0 and 1 all read shard 0 of the DistributedSampler (line 40): pass this process's global rank (env.rank) "
-     "as rank; the local rank repeats on every node"),
-    (edit(edit(STEP2, "sampler_made", {"rank": 1}, on=(0,)), "sampler_made", {"rank": 0}, on=(1,)),
-     "rank 0 read shard 1 (line 40): pass this process's global rank (env.rank) as rank"),
-], ids=["before_group", "none_built", "one_replica", "local_rank", "swapped"])
-def test_sharding_names_a_wrong_sampler(ranks, expected):
-    assert step_rules.sharding(ranks, world_size=WORLD) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (edit(drop(STEP2, "set_epoch"), "read_sampler", {"epoch": 0}),  # a sampler left at epoch 0
-     "sampler.set_epoch is never called: epoch 2 reads the same order as epoch 1 (line 61); call it with the epoch "
-     "number in every epoch, before the loader is read"),
-    (edit(STEP2, "read_sampler", {"epoch": 0}),  # set_epoch(epoch) after the epoch's reading
-     "in epoch 2 the loader read the sampler while it was still set to epoch 0 (line 61): call sampler.set_epoch(epoch) "
-     "before the loader is read, not after"),
-], ids=["never_set", "set_after_reading"])
-def test_reshuffling_wants_set_epoch_before_each_read(ranks, expected):
-    assert step_rules.reshuffling(ranks, epochs=2) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (edit(drop(STEP3, "ddp"), "end", {"replica_spread": 0.0123}),
-     "rank 0 never wrapped its model in DistributedDataParallel: each replica follows its own gradients and they drift "
-     "apart (replica_spread 0.0123); wrap the model (torch.nn.parallel)"),
-    (ending(drop(drop(STEP3, "ddp"), "evaluate"), failed("AttributeError", "'SmilesLSTM' object has no attribute 'module'",
-                                                        at=64)),
-     "rank 0 never wrapped its model in DistributedDataParallel: each replica follows its own gradients and they drift "
-     "apart; wrap the model (torch.nn.parallel)"),
-    (edit(STEP3, "ddp", {"device_ids": [0]}),
-     "rank 0 passed device_ids=[0] for a CPU model (line 45): device_ids names a GPU; give none on CPU, and "
-     "[env.local_rank] on a GPU"),
-], ids=["unwrapped", "unwrapped_then_module", "device_ids_on_cpu"])
-def test_wrapping_names_a_missing_or_wrong_wrap(ranks, expected):
-    assert step_rules.wrapping(ranks) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    ({0: STEP3[0], 1: STEP3[0]},
-     "rank 1 evaluated too (line 70): every rank scores the same replica on the whole dev set, N times the work; "
-     "evaluate on global rank 0 only (env.is_main)"),
-    (edit(STEP3, "evaluate", {"model": "DistributedDataParallel"}),
-     "rank 0 evaluated the DDP wrapper (line 70): evaluate the plain model inside it (raw_model = model.module), which "
-     "every rank holds the same"),
-    (drop(STEP3, "evaluate"), "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"),
-], ids=["every_rank", "the_wrapper", "never"])
-def test_evaluating_wants_rank_0_to_score_the_plain_model(ranks, expected):
-    assert step_rules.evaluating(ranks) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    ({0: STEP3[0], 1: STEP3[0]},
-     "ranks 0 and 1 all saved model.pt (line 80): one file for the job, written by global rank 0 only (env.is_main); "
-     "local rank 0 exists on every node"),
-    ({0: STEP3[1], 1: STEP3[0]}, "rank 1 saved (line 80): save from global rank 0 only (env.is_main)"),
-    (edit(STEP3, "save", {"keys": ["module.embedding.weight", "module.lstm.weight_ih_l0"]}),
-     "rank 0 saved the DDP wrapper's weights (line 80): their keys start with 'module.' (module.embedding.weight); "
-     "save raw_model.state_dict(), the plain model's"),
-    (drop(STEP3, "save"),
-     "nothing was saved with torch.save: save the best weights to cfg.out / 'model.pt' on global rank 0"),
-], ids=["every_rank", "rank_1", "the_wrapper", "nothing"])
-def test_saving_wants_one_file_of_plain_weights_from_rank_0(ranks, expected):
-    assert step_rules.saving(ranks) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (edit(STEP3, "call", {"result": 4.0}),
-     "mean_over_ranks returned the sum 4, not the mean 2: divide the all-reduced sum by the world size (2)"),
-    (edit(STEP3, "call", {"result": 3.0, "ops": ["MAX"]}),
-     "mean_over_ranks all-reduced with op=MAX: rank 0 got 3 instead of the mean 2; sum with ReduceOp.SUM, then divide "
-     "by the world size"),
-    ({r: [e if e["kind"] != "call" else {**e, "result": LOSS[r], "ops": []} for e in events]
-      for r, events in STEP3.items()},  # no all-reduce: each rank's own value
-     "mean_over_ranks returned 1 on rank 0, not the mean over the ranks 2"),
-    (drop(STEP3, "call"),
-     "mean_over_ranks is never called: the log line's loss is rank 0's shard alone; average it over the ranks"),
-], ids=["sum", "max", "own_value", "never"])
-def test_averaging_wants_the_mean_on_every_rank(ranks, expected):
-    assert step_rules.averaging(ranks, world_size=WORLD) == expected
-
-
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (edit(STEP1, "collective", {"op": "MAX"}, phase="enter"),
-     "rank 0 used op=MAX (line 30): summing needs op=dist.ReduceOp.SUM"),
-    (edit(STEP1, "collective", {"before": [1.0]}, on=(1,), phase="enter"),
-     "rank 1 contributed [1.0] (line 30), expected [2.0]: each rank contributes its rank + 1"),
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"op": "MAX"}, f"rank 0 used op=MAX (line {CHECK}): summing needs op=dist.ReduceOp.SUM"),
+    ({"before": [1.0]}, f"rank 1 contributed [1.0] (line {CHECK}), expected [2.0]: each rank contributes its rank + 1 "
+                        "(dist.get_rank() + 1)"),
 ], ids=["max", "wrong_value"])
-def test_summing_wants_rank_plus_one_summed(ranks, expected):
-    assert step_rules.summing(ranks) == expected
+def test_summing_reads_check_all_reduces_values(change, expected):
+    on = (1,) if "before" in change else (0, 1)
+    run = changed({"kind": "collective", "seq": 1, "phase": "enter"}, change, on=on)
+    assert rules.summing(case(run)) == expected
 
 
-@pytest.mark.parametrize(("ranks", "expected"), [
-    (drop(STEP1, "collective", on=(1,)),
-     "rank 1 skipped the all_reduce that rank 0 called at line 30: every rank must call every collective, or the "
-     "others wait for it until the timeout"),
-    (edit(STEP1, "collective", {"name": "barrier", "line": 33}, on=(1,)),
-     "rank 1 skipped the all_reduce that rank 0 called at line 30 (it called barrier (line 33) instead): every rank "
-     "must call every collective, or the others wait for it until the timeout"),
-    (cut(STEP2, "collective", on=(0,), name="all_gather"),  # the longer record is rank 1's
-     "rank 0 skipped the all_gather that rank 1 called at line 50: every rank must call every collective, or the "
-     "others wait for it until the timeout"),
-], ids=["missing", "another_one", "rank_0_skips"])
-def test_skipped_collective_names_who_skipped_what(ranks, expected):
-    assert rules.skipped_collective(ranks) == expected
+def test_the_totals_all_reduce_is_not_check_all_reduces():
+    assert rules.summing(case()) is None  # its values are the loss sums, but it is not in check_all_reduce
 
 
-def test_crashed_names_the_rank_that_raised_not_the_peer_that_lost_it():
-    lost = failed("DistBackendError", "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
-    peer_lost = ending(STEP1, lost, on=(0,))
-    assert rules.crashed(peer_lost) is None
-    both = ending(peer_lost, failed("ValueError", "could not convert string to float: 'x'", at=33), on=(1,))
-    assert rules.crashed(both) == "rank 1 raised ValueError (line 33): could not convert string to float: 'x'"
+def test_a_crash_is_named_with_its_line_and_the_peer_that_lost_it_is_not():
+    lost = ended(good_run(), 0, how="error", error="RuntimeError", at=GATHER,
+                 message="[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
+    assert rules.crashed(case(lost)) is None
+    both = ended(lost, 1, how="error", error="KeyError", message="'smiles'", at=40)
+    assert rules.crashed(case(both)) == "rank 1 raised KeyError (line 40): 'smiles'"
 
 
-def test_leaving_wants_every_rank_that_finished_to_destroy_the_group():
-    assert rules.leaving(drop(STEP1, "destroy", on=(1,))) == (
-        "rank 1 never called dist.destroy_process_group: leave the group in a finally after the work, so it happens "
-        "even after an error")
+def test_a_file_loaded_before_its_save_asks_for_a_barrier():
+    run = ended(good_run(), 1, how="error", error="FileNotFoundError", at=120,
+                message="[Errno 2] No such file or directory: '/tmp/out/model.pt'")
+    assert rules.crashed(case(run)) == (f"rank 1 loaded model.pt (line 120) before rank 0 had saved it (line {SAVE}; "
+                                        "FileNotFoundError): put dist.barrier() after the save, before any rank loads "
+                                        "the file")
 
 
-def test_stalled_names_where_each_unfinished_rank_waits():
-    ranks = {0: cut(STEP2, "collective", on=(0,), name="all_gather", phase="exit")[0], 1: []}
-    assert rules.stalled(ranks) == ("the ranks stopped making progress (rank 0 in all_gather (line 50); rank 1 in "
-                                    "starting): look for a collective that not every rank reaches")
+def test_device_ids_on_cpu_says_what_ddp_got():
+    run = ended(good_run(), 0, how="error", error="ValueError", at=WRAP,
+                message="DistributedDataParallel device_ids and output_device arguments only work with single-device/"
+                        "multiple-device GPU modules or CPU modules, but got device_ids [0], output_device None")
+    assert rules.crashed(case(run)) == (f"rank 0 raised ValueError (line {WRAP}): DDP got device_ids=[0] for a model "
+                                        "on the CPU; device_ids names a GPU: give none on CPU, [device.index] on a GPU")
 
 
-# ----------------------------------------------------------------------------- what the rules leave alone
+def _rank0_left_after_epoch_1() -> Run:
+    """Rank 0 left after epoch 1; rank 1 entered epoch 2's backward and waits there (the checker stopped it)."""
+    run = good_run()
+    mine = run.ranks[0]
+    second = next(i for i, e in enumerate(mine) if e["kind"] == "set_epoch" and e["epoch"] == 1)
+    run.ranks[0] = mine[:second] + mine[-3:]  # its save, destroy and end
+    run = cut(run, 1, "backward", nth=1, phase="enter")
+    run.params[0] = run.params[0][:1]
+    return run
 
 
-@pytest.mark.parametrize(("rule", "ranks", "kwargs"), [
-    # A rank that made a sampler too early did not forget to join: sharding names it.
-    (rules.joining, _sampler_before_group(), {}),
-    # A rank still starting (no events yet) has not joined wrongly.
-    (rules.joining, {0: STEP1[0][:3], 1: []}, {}),
-    # A run that crashed before training: no sampler is not the mistake.
-    (step_rules.sharding, ending(no_sampler(STEP2), failed("KeyError", "'smiles'", at=50)), {}),
-    # A rank that crashed in its first epoch read the sampler too few times to judge.
-    (step_rules.reshuffling, cut(edit(drop(STEP2, "set_epoch"), "read_sampler", {"epoch": 0}), "read_sampler", nth=1),
-     {"epochs": 2}),
-    # device_ids name the GPU on GPUs.
-    (step_rules.wrapping, edit(STEP3, "ddp", {"device_ids": [0]}), {"cuda": True}),
-    # Values the record could not read (tensors) are not judged, nor a run that never finished.
-    (step_rules.averaging, edit(STEP3, "call", {"args": [None, None], "result": 4.0}), {}),
-    (step_rules.averaging, ending(drop(STEP3, "call"), failed("RuntimeError", "boom")), {}),
-    # A rank that raised never reached its destroy_process_group: crashed names that.
-    (rules.leaving, ending(STEP1, failed("RuntimeError", "boom"), on=(1,)), {}),
-], ids=["joining_early_sampler", "joining_starting", "sharding_crashed_early", "reshuffling_one_epoch",
-        "wrapping_gpu_ids", "averaging_tensors", "averaging_unfinished", "leaving_crashed"])
-def test_a_rule_says_nothing_where_its_lesson_does_not_apply(rule, ranks, kwargs):
-    assert rule(ranks, **kwargs) is None
+BREAK = ("                report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)\n",
+         "                report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)\n"
+         "                if dev_auc > 0.5:\n                    break\n")
 
 
-# ----------------------------------------------------------------------------- the verdict: root causes first
+def test_a_rank_that_left_early_is_named_with_where_the_other_waited_and_why():
+    source = SOURCE.replace(*BREAK)
+    got = rules.first_mistake(case(_rank0_left_after_epoch_1(), source=source))
+    assert got == (f"rank 0 left early (after 1 epoch(s) of 2 and 1 optimizer step(s); it left the group (line "
+                   f"{DESTROY})), while rank 1 waited in loss.backward() (DDP's gradient all-reduce) (line {BACKWARD}) "
+                   f"until the checker stopped it: the break at line {line('report.epoch(') + 2} runs under `if rank "
+                   f"== 0:` (line {line('if rank == 0:  # rank 0 alone evaluates')}), on rank 0 alone: a decision "
+                   "that ends the loop must be taken on every rank (share it first, with dist.broadcast or an "
+                   "all_reduce)")
 
 
-def _both_joined_as_0_and_wait() -> dict:
-    """Both ranks joined as rank 0; rank 0 waits in the all_reduce, rank 1 never got there. Stopped at once."""
-    ranks = edit(STEP1, "init", {"rank": 0}, phase="enter")
-    return cut(cut(ranks, "collective", on=(0,), phase="exit"), "collective", on=(1,))
+def test_the_hang_watchs_line_says_what_the_other_waited_in():
+    run = _rank0_left_after_epoch_1()
+    run.hang = [{"line": "rank 1 waits in loss.backward() (called at /tmp/x/step3_ddp.py:71 in train_epoch()); rank 0 "
+                         "never joined it: it has left the job", "missing": [0], "waiting_for": []}]
+    got = rules.left_early(case(run))
+    assert "while rank 1 waits in loss.backward() (called at step3_ddp.py:71 in train_epoch()); rank 0 never joined " \
+           "it: it has left the job: " in got, got
 
 
-@pytest.mark.parametrize(("step", "ranks", "timed_out", "expected"), [
-    # The wrong join, not the collective rank 1 then skipped, nor the stall.
-    (1, _both_joined_as_0_and_wait(), True, "ranks 0 and 1 all joined as rank 0"),
-    # The sampler built too early, not the group that was never joined.
-    (2, _sampler_before_group(), False, "the DistributedSampler (line 33) was built before the process group existed"),
-    # The rank that raised, not the collective it never reached.
-    (1, ending(cut(cut(STEP1, "collective", on=(0,), phase="exit"), "collective", on=(1,)),
-               failed("ValueError", "bad value", at=28), on=(1,)), True,
-     "rank 1 raised ValueError (line 28): bad value"),
-    # The open TODO, not the NotImplementedError as a crash, nor the peer that lost contact because of it.
-    (1, ending(ending(STEP1, failed("RuntimeError", "Connection reset by peer"), on=(0,)),
-               failed("NotImplementedError", "fill in the TODO above", at=75), on=(1,)), False,
-     "a TODO is still open at line 75"),
-], ids=["join_before_skip", "sampler_before_join", "crash_before_skip", "todo_before_crash"])
-def test_verdict_names_the_root_cause_first(step, ranks, timed_out, expected):
-    got = rules.first_mistake(step, ranks, world_size=WORLD, epochs=2, timed_out=timed_out)
-    assert got is not None and got.startswith(expected), got
+def test_a_reduce_that_only_rank_0_received_is_the_cause_when_ranks_decide_apart():
+    run = _rank0_left_after_epoch_1()
+    for r, kept in ((0, [108.0, 144.0]), (1, [57.6, 72.0])):
+        for e in run.ranks[r]:
+            if e["kind"] == "collective" and e.get("seq") == 2:
+                e.update(name="reduce", **({"after": kept} if e["phase"] == "exit" else {}))
+    got = rules.left_early(case(run))
+    assert got.endswith(f"dist.reduce (line {TOTALS}) delivers the result to one rank only (rank 0 [108, 144], rank 1 "
+                        "[57.6, 72]), yet every rank decided from it: use dist.all_reduce where every rank uses the "
+                        "value"), got
 
 
-def test_verdict_names_a_stall_only_when_the_run_was_stopped():
-    waiting = cut(STEP1, "collective", phase="exit")  # both ranks in the same all_reduce: nothing else is wrong
-    assert rules.first_mistake(1, waiting, timed_out=False) is None
-    assert rules.first_mistake(1, waiting, timed_out=True) == (
-        "the ranks stopped making progress (rank 0 in all_reduce (line 30); rank 1 in all_reduce (line 30)): look for "
-        "a collective that not every rank reaches")
+def test_a_rank_that_skipped_a_collective_and_finished_is_named_as_the_skipper():
+    run = changed({"kind": "collective", "seq": 1}, drop=True, on=(1,))  # rank 1 skipped check_all_reduce
+    run = cut(run, 0, "collective", seq=1, phase="enter")
+    got = rules.left_early(case(run))
+    assert got == (f"rank 1 skipped the all_reduce that rank 0 called at line {CHECK} and finished, while rank 0 "
+                   f"waited in all_reduce (line {CHECK}) until the checker stopped it: every rank must call every "
+                   "collective, or the others wait for it"), got
 
 
-def test_verdict_checks_the_lessons_of_its_own_step():
-    unwrapped = drop(STEP3, "ddp")
-    assert rules.first_mistake(2, unwrapped) is None  # step 2 has no DDP yet
-    assert rules.first_mistake(1, no_sampler(STEP2)) is None  # nor step 1 a sampler
-    assert rules.first_mistake(2, no_sampler(STEP2)).startswith("no rank built a DistributedSampler")
-    assert rules.first_mistake(3, unwrapped).startswith("rank 0 never wrapped its model in DistributedDataParallel")
-    # Step 3's all_reduce sums the losses, not rank + 1: step 1's summing is not one of its rules.
-    assert step_rules.summing(STEP3) == ("rank 1 contributed [3.0] (line 55), expected [2.0]: each rank contributes "
-                                         "its rank + 1")
-    assert rules.first_mistake(3, STEP3) is None
+def test_a_hang_of_ranks_still_in_the_job_is_the_watchs_line():
+    run = changed({"kind": "collective", "seq": 2}, {"name": "barrier", "line": 200}, on=(1,))
+    run = cut(cut(run, 0, "collective", seq=3, phase="enter"), 1, "collective", seq=2, phase="enter")
+    run.stopped = "hang"
+    run.hang = [{"line": "rank 0 waits in all_gather #3 (called at /x/step3_ddp.py:59 in replica_spread()); rank 1 "
+                         "never joined it: it is in loss.backward()", "missing": [1], "waiting_for": [1]}]
+    assert rules.hung(case(run)) == ("rank 0 waits in all_gather #3 (called at step3_ddp.py:59 in replica_spread()); "
+                                     "rank 1 never joined it: it is in loss.backward(): every rank must call every "
+                                     "collective, in the same order, or the others wait for it")
+
+
+def test_a_hang_without_the_watch_names_where_each_waited():
+    run = cut(cut(good_run(), 0, "collective", seq=3, phase="enter"), 1, "collective", seq=3, phase="enter")
+    run.stopped = "stalled"
+    assert rules.hung(case(run)) == (f"the ranks stopped making progress (rank 0 waited in all_gather (line {GATHER}) "
+                                     f"until the checker stopped it; rank 1 waited in all_gather (line {GATHER}) "
+                                     "until the checker stopped it): every rank must call every collective, in the "
+                                     "same order, or the others wait for it")
+
+
+# ----------------------------------------------------------------------------- what a finished run did
+
+
+def test_ranks_with_different_splits_are_named():
+    run = changed({"kind": "splits"}, {"train": {"n": N, "fp": "beef"}}, on=(1,))
+    assert step_rules.same_split(case(run)) == ("rank 1's training split is not rank 0's (their molecules differ: "
+                                                "fingerprint beef against f00d): every rank must load the same split, "
+                                                "and a DistributedSampler gives each its share of it")
+
+
+@pytest.mark.parametrize(("reads", "expected"), [
+    ({0: [[0, 1], [1, 0]], 1: [[2, 3]]}, ("epochs", "rank 1 read the items in 1 epoch(s), not 2")),
+    ({0: [[0, 1, 2, 3]] * 2, 1: [[0, 1, 2, 3]] * 2}, ("all", "in epoch 1 every rank read all 4 items")),
+    ({0: [[0, 1], [2, 1]], 1: [[0, 3], [0, 3]]},
+     ("overlap", "in epoch 1 ranks 0 and 1 read 1 of the same items (together 3 of 4)")),
+    ({0: [[0], [1]], 1: [[2], [3]]}, ("missing", "in epoch 1 the ranks read 2 of the 4 items together")),
+    ({0: [[0, 2], [0, 2]], 1: [[1, 3], [1, 3]]},
+     ("same_order", "epoch 2 read the same items in the same order as epoch 1 on every rank")),
+    ({0: [[0, 2, 4], [4, 0, 2]], 1: [[1, 3, 0], [3, 1, 0]]}, None),  # 5 items: one padded duplicate, allowed
+    ({0: [[0, 2], [1, 3]], 1: [[1, 3], [2, 0]]}, None),
+], ids=["epochs", "all", "overlap", "missing", "same_order", "padded", "good"])
+def test_reads_are_judged_disjoint_covering_and_reordered(reads, expected):
+    n = 5 if len(reads[0][0]) == 3 else 4
+    assert shards.read_mistake(reads, n, 2, "items") == expected
+
+
+@pytest.mark.parametrize(("run", "expected"), [
+    (changed({"kind": "sampler"}, drop=True), "no DistributedSampler was built over the data"),
+    (changed({"kind": "pass", "split": "train"}, {"sampler": "RandomSampler", "sampler_id": None}),
+     f"the DistributedSampler built at line {SAMPLER} is not the one the DataLoader draws from (it draws from a "
+     "RandomSampler)"),
+    (changed({"kind": "sampler"}, {"num_replicas": 1}),
+     f"rank 0's DistributedSampler (line {SAMPLER}) splits the data into 1 shard(s) (num_replicas=1), but 2 ranks "
+     "train"),
+    (changed({"kind": "sampler"}, {"rank": 0}),
+     f"ranks 0 and 1 all built their DistributedSampler with rank=0 (line {SAMPLER}), their local rank"),
+    (changed({"kind": "sampler"}, {"seed": 1}, on=(1,)), f"the samplers' seeds differ (rank 0: 0, rank 1: 1, line "
+                                                         f"{SAMPLER})"),
+    (changed({"kind": "sampler"}, {"shuffle": False}),
+     f"the DistributedSampler was built with shuffle=False (line {SAMPLER}): pass shuffle=True"),
+    (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}, run=changed({"kind": "set_epoch"}, drop=True)),
+     "sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch)"),
+    (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}),
+     f"in epoch 2 the loader (line {READ}) read the sampler while it was still set to epoch 0"),
+], ids=["none", "not_drawn_from", "one_replica", "local_rank", "seeds", "no_shuffle", "no_set_epoch", "late"])
+def test_the_cause_of_a_sharding_mistake_comes_from_how_the_sampler_was_built(run, expected):
+    kind = "same_order" if "shuffle" in expected or "epoch" in expected else "overlap"
+    assert shards.cause(kind, run.ranks, "train", WORLD).startswith(expected)
+
+
+def test_drifting_replicas_are_named_with_their_cause():
+    run = good_run()
+    run.params[1] = [np.array([1, 1, 1.5], np.float32)] * 2
+    assert step_rules.replicas(case(run)) == ("the replicas differ by up to 0.5 after step 1: every rank must take the "
+                                              "same step (the gradients averaged by DDP, the same optimizer settings)")
+    unwrapped = changed({"kind": "ddp"}, drop=True, run=run)
+    assert step_rules.replicas(case(unwrapped)).startswith("rank 0 never wrapped its model in DistributedDataParallel: "
+                                                           "the replicas differ by up to 0.5 after step 1")
+    around = changed({"kind": "step"}, {"ddp_forwards": 0}, run=run)
+    for r in (0, 1):
+        around.ranks[r].insert(5, ev("bypass", None, at=69, function="train_epoch", called_from=98))
+    assert "the training forward at line 69 (in train_epoch, called at line 98) calls the model inside the wrapper" \
+        in step_rules.replicas(case(around))
+
+
+def test_spreads_are_measured_after_each_step_every_rank_took():
+    assert spreads({0: [np.zeros(2), np.zeros(2)], 1: [np.array([0, 0.25]), np.array([0.5, 0])]}) == [0.25, 0.5]
+    assert spreads({0: [np.zeros(2)], 1: []}) == []
+
+
+@pytest.mark.parametrize(("run", "expected"), [
+    (changed({"kind": "evaluate"}, run=Run({0: rank_events(0), 1: rank_events(0)})),
+     f"rank 1 evaluated too (line {EVAL}): every rank scored the same model on the dev set"),
+    (changed({"kind": "fetched", "split": "dev"}, {"indices": list(range(18))},
+             run=Run({0: [*rank_events(0)[:5], ev("sampler", 87, split="dev", id=9), *rank_events(0)[5:]],
+                      1: rank_events(1)}, good_run().params)),
+     "rank 0 evaluated 18 of the 36 dev molecules in epoch 1: the dev loader has a DistributedSampler (line 87)"),
+    (changed({"kind": "evaluate"}, {"model": "DistributedDataParallel"}),
+     f"rank 0 evaluated the DDP wrapper (line {EVAL}): evaluate the plain model inside it, model.module"),
+    (changed({"split": "dev"}, drop=True),
+     "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"),
+], ids=["rank_1_too", "half", "the_wrapper", "never"])
+def test_evaluating_wants_rank_0_alone_on_the_whole_dev_set(run, expected):
+    assert step_rules.evaluating(case(run)).startswith(expected)
+
+
+@pytest.mark.parametrize(("run", "expected"), [
+    (Run({0: rank_events(0), 1: rank_events(0)}),
+     f"ranks 0 and 1 all saved model.pt (line {SAVE}): one file for the job, written by global rank 0 only"),
+    (Run({0: rank_events(1), 1: rank_events(0)}), f"rank 1 saved (line {SAVE}): save from global rank 0 only"),
+    (changed({"kind": "save"}, {"keys": ["module.embed.weight"]}),
+     f"rank 0 saved the DDP wrapper's weights (line {SAVE}): their keys start with 'module.' (module.embed.weight)"),
+    (changed({"kind": "save"}, drop=True), "nothing was saved with torch.save"),
+], ids=["both", "rank_1", "the_wrapper", "nothing"])
+def test_saving_wants_one_file_of_plain_weights_from_rank_0(run, expected):
+    assert step_rules.saving(case(run)).startswith(expected)
+
+
+def test_the_logged_loss_is_checked_against_every_ranks_batches():
+    assert step_rules.logged_loss(case()) is None
+    own = copy.deepcopy(METRICS)
+    own["history"][0]["train_loss"] = 0.7
+    assert step_rules.logged_loss(case(metrics=own)) == (
+        "the logged loss of epoch 1 is 0.7000; the mean over the 144 molecules every rank trained on is 0.7500, and "
+        "0.7000 is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals")
+    maxed = changed({"kind": "collective", "seq": 2, "phase": "enter"}, {"op": "MAX"})
+    own["history"][0]["train_loss"] = 0.8
+    assert step_rules.logged_loss(case(maxed, metrics=own)).endswith(
+        f"the totals were all-reduced with op=MAX (line {TOTALS}); sum them (ReduceOp.SUM)")
+    assert step_rules.logged_loss(case(metrics=None)).startswith("rank 0 wrote no metrics.json")
+
+
+def test_leaving_wants_destroy_on_every_rank_in_a_finally():
+    assert step_rules.leaving(case(changed({"kind": "destroy"}, drop=True, on=(1,)))).startswith(
+        "rank 1 never called dist.destroy_process_group")
+    outside = SOURCE.replace("    finally:\n        dist.destroy_process_group()", "    finally:\n        pass\n"
+                             "    dist.destroy_process_group()")
+    assert step_rules.leaving(case(source=outside)).startswith(f"dist.destroy_process_group() at line {DESTROY + 1} is "
+                                                               "not in a finally")
+
+
+def test_device_ids_of_the_global_rank_are_read_from_the_script():
+    wrong = SOURCE.replace("device_ids=[device.index] if", "device_ids=[rank] if")
+    assert step_rules.device_ids(case(source=wrong)).startswith(f"device_ids at line {WRAP} ([rank] if device.type == "
+                                                                "'cuda' else None) names the global rank")
+    assert step_rules.device_ids(case()) is None
+
+
+# ----------------------------------------------------------------------------- step 4's resume, and the reading
+
+
+def test_a_resume_must_end_with_the_uninterrupted_runs_figures():
+    whole = [{"train_loss": 0.7, "dev_roc_auc": 0.6, "replica_spread": 0.0, "seconds": 1.0} for _ in range(3)]
+    later = copy.deepcopy(whole)
+    later[2]["seconds"] = 2.0  # times may differ
+    assert resume._differ(later, whole) is None
+    later[2]["train_loss"] = 0.71
+    assert resume._differ(later, whole) == "epoch 3's train loss is 0.71, where the uninterrupted run has 0.7"
+
+
+def test_the_epochs_a_resumed_run_trained_come_from_set_epoch():
+    assert resume._trained(good_run()) == [0, 1]
+    assert resume._trained(changed({"kind": "set_epoch"}, drop=True)) == [0, 1]  # else from the passes
+
+
+def test_waiting_in_is_the_call_a_rank_entered_and_never_left():
+    assert waiting_in(cut(good_run(), 1, "backward", phase="enter").ranks[1])["kind"] == "backward"
+    assert waiting_in(good_run().ranks[0]) is None
+
+
+def test_the_scripts_text_says_where_a_line_is_and_what_ends_a_loop():
+    assert source.function_at(SOURCE, CHECK) == "check_all_reduce"
+    assert source.function_at(SOURCE, 1) is None
+    assert source.rank_decision(SOURCE) is None
+    assert source.rank_decision(SOURCE.replace(*BREAK)) == ("break", line("report.epoch(") + 2, "rank == 0",
+                                                           line("if rank == 0:  # rank 0 alone evaluates"))
+    assert source.destroy_outside_finally("try:\n    work()\nfinally:\n    dist.destroy_process_group()\n") is None
+    assert source.destroy_outside_finally("work()\ndist.destroy_process_group()\n") == 2

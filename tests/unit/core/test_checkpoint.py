@@ -10,34 +10,32 @@ import numpy as np
 import pytest
 import torch
 
-from workshop_lib import checkpoint, distributed
-from workshop_lib.cli import run_cli
+from tests.conftest import load_step, raises_in_process
+from workshop_lib import checkpoint
+from workshop_lib.errors import InputError
 
-from .test_errors import load_step
-
-QUICK = ["--limit", "300", "--no-progress", "--no-tensorboard"]
+QUICK = ["--limit", "300", "--no-tensorboard"]
 
 
 @pytest.fixture
-def step4(monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as each rank does; the tiny model gains nothing from more
-    yield load_step("step4_snapshots")
-    torch.set_num_threads(threads)
+def step4(world_of_one):
+    """Step 4's main, in-process, in a gloo group of one (torchrun's variables for one process)."""
+    return load_step("step4_snapshots")
 
 
 def train(step4, out, *args) -> dict:
-    return step4.main([*QUICK, "--out", str(out), *args])
+    """Run step 4 into ``out``; return its metrics.json."""
+    step4.main([*QUICK, "--out", str(out), *args])
+    return json.loads((out / "metrics.json").read_text())
 
 
-def fail(step4, capsys, *args) -> str:
-    """Run step 4 expecting a user error; return its one line."""
-    code = run_cli(step4.main, [*QUICK, *args])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("error: "), err
-    return err
+def fail(step4, *args) -> str:
+    """Run step 4 expecting a user error; return its one line, as Python prints it (then exits with status 1)."""
+    with raises_in_process(InputError) as raised:
+        step4.main([*QUICK, *args])
+    line = f"{raised.value.code}\n"
+    assert line.count("\n") == 1 and line.startswith("error: "), line
+    return line
 
 
 @pytest.mark.timeout(120)
@@ -52,7 +50,7 @@ def test_snapshot_holds_everything_and_loads_weights_only(step4, tmp_path):
     assert [h["epoch"] for h in snap["report"]["history"]] == [0, 1]
     fp = snap["fingerprint"]
     assert fp["lr"] == 8e-3 and fp["limit"] == 300 and len(fp["data_sha256"]) == 64
-    assert not {"out", "epochs", "timeout", "progress", "tensorboard", "resume", "fresh", "backend"} & fp.keys()
+    assert not {"out", "epochs", "timeout", "tensorboard", "resume", "fresh"} & fp.keys()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snapshot")]  # no temporary file left
 
 
@@ -77,12 +75,12 @@ def test_resume_from_an_explicit_path_into_a_new_out(step4, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_corrupt_snapshot_is_one_line(step4, tmp_path, capsys, damage):
+def test_a_corrupt_snapshot_is_one_line(step4, tmp_path, damage):
     train(step4, tmp_path, "--epochs", "1")
     path = tmp_path / checkpoint.SNAPSHOT
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage])
-    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
+    err = fail(step4, "--epochs", "2", "--out", str(tmp_path))
     assert f"snapshot {path} is corrupt" in err and "choose another --out" in err
 
 
@@ -95,43 +93,43 @@ class _Payload:
 
 
 @pytest.mark.timeout(60)
-def test_a_snapshot_with_code_in_it_is_refused_without_running_it(step4, tmp_path, capsys):
+def test_a_snapshot_with_code_in_it_is_refused_without_running_it(step4, tmp_path):
     marker = tmp_path / "pwned"
     torch.save({"format": 1, "model": _Payload(str(marker))}, tmp_path / "evil.pt")
-    err = fail(step4, capsys, "--resume", str(tmp_path / "evil.pt"), "--out", str(tmp_path / "out"))
+    err = fail(step4, "--resume", str(tmp_path / "evil.pt"), "--out", str(tmp_path / "out"))
     assert "is corrupt or not a snapshot" in err
     assert not marker.exists()
 
 
 @pytest.mark.timeout(60)
-def test_a_file_that_is_not_a_snapshot(step4, tmp_path, capsys):
+def test_a_file_that_is_not_a_snapshot(step4, tmp_path):
     torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
-    err = fail(step4, capsys, "--resume", str(tmp_path / "other.pt"), "--out", str(tmp_path / "out"))
+    err = fail(step4, "--resume", str(tmp_path / "other.pt"), "--out", str(tmp_path / "out"))
     assert "is not a workshop snapshot" in err
 
 
 @pytest.mark.timeout(60)
-def test_resume_from_a_missing_file(step4, tmp_path, capsys):
-    err = fail(step4, capsys, "--resume", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "out"))
+def test_resume_from_a_missing_file(step4, tmp_path):
+    err = fail(step4, "--resume", str(tmp_path / "nope.pt"), "--out", str(tmp_path / "out"))
     assert "nope.pt not found" in err
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.timeout(120)
-def test_another_model_size_is_refused(step4, tmp_path, capsys):
+def test_another_model_size_is_refused(step4, tmp_path):
     train(step4, tmp_path, "--epochs", "1", "--hidden", "16")
-    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
+    err = fail(step4, "--epochs", "2", "--out", str(tmp_path))
     assert "belongs to another run (hidden 16 there, 32 now)" in err
 
 
 @pytest.mark.timeout(120)
-def test_another_world_size_is_refused(step4, tmp_path, capsys):
+def test_another_world_size_is_refused(step4, tmp_path):
     train(step4, tmp_path, "--epochs", "1")
     path = tmp_path / checkpoint.SNAPSHOT
     snap = torch.load(path, weights_only=True)
     snap["world_size"] = 2  # as if two processes had written it
     torch.save(snap, path)
-    err = fail(step4, capsys, "--epochs", "2", "--out", str(tmp_path))
+    err = fail(step4, "--epochs", "2", "--out", str(tmp_path))
     assert "was written by 2 processes, this run has 1" in err
 
 
@@ -145,7 +143,7 @@ def test_a_failed_write_keeps_the_previous_snapshot(step4, tmp_path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError, match="disk full"):
+    with raises_in_process(OSError, match="disk full"):
         train(step4, tmp_path, "--epochs", "2")
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.json", "model.pt", checkpoint.SNAPSHOT]
@@ -168,7 +166,7 @@ def test_another_learning_rate_never_resumes_the_old_run(step4, tmp_path, capsys
     """Ctrl-C after epoch 1 of 3, or a finished 1-epoch run, then a rerun with --lr 1e-3: one line, both alike."""
     train(step4, tmp_path, "--epochs", "1")
     epochs = "3" if old_run == "interrupted" else "1"
-    err = fail(step4, capsys, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
+    err = fail(step4, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
     assert err == (f"error: snapshot {tmp_path / checkpoint.SNAPSHOT} belongs to another run (lr 0.008 there, "
                    f"0.001 now); rerun with its settings to resume it, or start a new run with --out elsewhere, "
                    f"or --fresh to replace it\n")
@@ -179,7 +177,7 @@ def test_another_learning_rate_never_resumes_the_old_run(step4, tmp_path, capsys
 
 
 @pytest.mark.timeout(120)
-def test_another_data_file_with_the_same_vocabulary_never_resumes(step4, tmp_path, capsys, small_csv):
+def test_another_data_file_with_the_same_vocabulary_never_resumes(step4, tmp_path, small_csv):
     data = tmp_path / "data.csv"
     data.write_text(small_csv.read_text())
     train(step4, tmp_path / "out", "--epochs", "1", "--data", str(data))
@@ -187,7 +185,7 @@ def test_another_data_file_with_the_same_vocabulary_never_resumes(step4, tmp_pat
     num, name, label, smiles = lines[1].split(",", 3)
     lines[1] = ",".join([num, name, str(1 - int(label)), smiles])  # one label flipped: same molecules, same tokens
     data.write_text("\n".join(lines) + "\n")
-    err = fail(step4, capsys, "--epochs", "2", "--data", str(data), "--out", str(tmp_path / "out"))
+    err = fail(step4, "--epochs", "2", "--data", str(data), "--out", str(tmp_path / "out"))
     assert "belongs to another run (the data file's content)" in err
 
 
@@ -209,7 +207,7 @@ def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step4, tmp_
         return real(*args, **kwargs)
 
     monkeypatch.setattr(target, name, crashing)
-    with pytest.raises(OSError, match="crash during"):
+    with raises_in_process(OSError, match="crash during"):
         train(step4, tmp_path / "a", "--epochs", "2")
     monkeypatch.setattr(target, name, real)
     assert not (tmp_path / "a" / "metrics.json").exists()
@@ -234,12 +232,12 @@ def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step4, tm
     longer = train(step4, tmp_path, "--epochs", "2")
     assert "resuming from" in capsys.readouterr().out
     assert longer["history"][0] == first["history"][0] and len(longer["history"]) == 2  # epoch 1 kept, 2 added
-    err = fail(step4, capsys, "--epochs", "1", "--out", str(tmp_path))
+    err = fail(step4, "--epochs", "1", "--out", str(tmp_path))
     assert "has 2 epochs trained, more than --epochs 1; pass --epochs 2 or more" in err
 
 
-def test_fresh_and_resume_together_are_refused(step4, capsys, tmp_path):
-    err = fail(step4, capsys, "--fresh", "--resume", str(tmp_path / "x.pt"), "--out", str(tmp_path / "out"))
+def test_fresh_and_resume_together_are_refused(step4, tmp_path):
+    err = fail(step4, "--fresh", "--resume", str(tmp_path / "x.pt"), "--out", str(tmp_path / "out"))
     assert "--fresh and --resume contradict each other" in err
 
 
@@ -247,6 +245,6 @@ def test_fresh_and_resume_together_are_refused(step4, capsys, tmp_path):
 def test_fresh_does_not_throw_away_its_own_snapshot_after_a_torchrun_restart(step4, tmp_path, capsys, monkeypatch):
     """torchrun --max-restarts reruns the same argv, --fresh included: round 2 must resume round 1's snapshot."""
     train(step4, tmp_path, "--epochs", "1", "--lr", "1e-3", "--fresh")
-    monkeypatch.setattr(checkpoint, "read_launch_env", lambda: distributed.LaunchEnv(restart_count=1))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # what torchrun sets in a restarted round
     resumed = train(step4, tmp_path, "--epochs", "2", "--lr", "1e-3", "--fresh")
     assert "resuming from" in capsys.readouterr().out and len(resumed["history"]) == 2

@@ -6,10 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.conftest import SHIPPED
-from workshop_lib.data import TokenizedDataset, load_splits, load_table, pad_collate
-from workshop_lib.errors import WorkshopError
+from workshop_lib.config import TrainConfig
+from workshop_lib.data import Batch, TokenizedDataset, collate, load_splits, load_table
+from workshop_lib.errors import InputError
 from workshop_lib.split import stratified_split
 from workshop_lib.tokenizer import SmilesTokenizer
 
@@ -34,7 +36,7 @@ def test_tokenizer_is_deterministic_and_maps_unseen_tokens_to_unk():
 
 
 def test_tokenizer_names_an_unknown_character():
-    with pytest.raises(WorkshopError, match=r"row 5.*'X' at position 2"):
+    with pytest.raises(InputError, match=r"row 5.*'X' at position 2"):
         SmilesTokenizer.split("CCXC", row=3)
 
 
@@ -73,14 +75,14 @@ def test_a_lone_binary_column_is_taken_as_the_label(tmp_path):
 def test_bad_csvs_name_the_problem(tmp_path, text, message):
     path = tmp_path / "bad.csv"
     path.write_text(text)
-    with pytest.raises(WorkshopError, match=message):
+    with pytest.raises(InputError, match=message):
         load_table(path)
 
 
 def test_missing_file_and_oversized_limit(tmp_path, bbbp_style_csv):
-    with pytest.raises(WorkshopError, match="not found"):
+    with pytest.raises(InputError, match="not found"):
         load_table(tmp_path / "nope.csv")
-    with pytest.raises(WorkshopError, match="--limit 5 is larger than the 4"):
+    with pytest.raises(InputError, match="--limit 5 is larger than the 4"):
         load_table(bbbp_style_csv, limit=5)
 
 
@@ -104,33 +106,59 @@ def test_split_is_stratified_disjoint_covering_and_reproducible():
     assert not np.array_equal(held, other[2])
 
 
-def test_dataset_batches_equal_the_padding_collate():
-    smiles = ["CCO", "c1ccccc1Cl", "N", "CC(=O)Oc1ccccc1C(=O)O"]
-    ds = TokenizedDataset(smiles, np.array([1, 0, 1, 0]), SmilesTokenizer.fit(smiles))
-    fast = ds.__getitems__([1, 2])
-    slow = pad_collate([ds[1], ds[2]])
-    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.lengths, slow.lengths)
-    assert torch.equal(fast.labels, slow.labels)
-    assert fast.tokens.shape == (2, len(SmilesTokenizer.split("c1ccccc1Cl")))
+SMILES = ["CCO", "c1ccccc1Cl", "N", "CC(=O)Oc1ccccc1C(=O)O"]
+
+
+def test_an_item_is_the_molecules_tokens_and_its_label():
+    tok = SmilesTokenizer.fit(SMILES)
+    ds = TokenizedDataset(SMILES, np.array([1, 0, 1, 0]), tok)
+    tokens, label = ds[1]
+    assert tokens.tolist() == tok.encode("c1ccccc1Cl") and tokens.dtype == torch.int64  # (L,), no padding
+    assert label.item() == 0.0 and label.dtype == torch.float32
+
+
+def test_collate_pads_a_batch_to_its_longest_molecule():
+    ds = TokenizedDataset(SMILES, np.array([1, 0, 1, 0]), SmilesTokenizer.fit(SMILES))
+    batch = collate([ds[2], ds[1]])
+    assert isinstance(batch, Batch)
+    tokens, lengths, labels = batch  # as a loader's batches unpack in the scripts' loop
+    longest = len(SmilesTokenizer.split("c1ccccc1Cl"))
+    assert tokens.shape == (2, longest) and lengths.tolist() == [1, longest] and labels.tolist() == [1.0, 0.0]
+    assert tokens[0, 1:].eq(0).all() and torch.equal(tokens[1], ds[1][0])  # padded with 0 after each molecule
+
+
+def test_a_plain_dataloader_with_a_distributed_sampler_gives_each_rank_its_shard():
+    """What steps 2-4 build: disjoint shards that cover the training split, in batches of at most B."""
+    splits = load_splits(TrainConfig(limit=300))
+    seen = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(splits.train, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        loader = DataLoader(splits.train, batch_size=64, sampler=sampler, collate_fn=collate)
+        batches = list(loader)
+        assert all(len(labels) <= 64 for _, _, labels in batches)
+        seen.append(sum(len(labels) for _, _, labels in batches))
+    assert seen == [len(splits.train) // 2] * 2  # 216 molecules: 108 each, none repeated
 
 
 def test_load_splits_on_shipped_data():
-    splits = load_splits(SHIPPED)
+    splits = load_splits(TrainConfig())
     assert (len(splits.train), len(splits.dev), len(splits.heldout)) == (5620, 1406, 781)
     assert splits.train.tokens.dtype == torch.int64
     assert int(splits.train.lengths.max()) == splits.train.tokens.shape[1]
+    for part in (splits.dev, splits.heldout):  # sorted by length: a sequential loader pads little
+        assert torch.equal(part.lengths, part.lengths.sort(stable=True).values)
 
 
 def test_a_blank_smiles_is_an_error_naming_its_row(tmp_path):
     path = tmp_path / "blank.csv"
     path.write_text("name,p_np,smiles\na,1,CCO\nb,0,   \nc,1,CCN\n")
-    with pytest.raises(WorkshopError, match=r"SMILES column 'smiles' in .* is blank in row 3; fill in"):
+    with pytest.raises(InputError, match=r"SMILES column 'smiles' in .* is blank in row 3; fill in"):
         load_table(path)
 
 
 def test_the_vocabulary_does_not_depend_on_limit():
     """Fitted on the whole table: a quick --limit run builds the same model as a full one."""
-    full, quick = load_splits(SHIPPED), load_splits(SHIPPED, limit=200)
+    full, quick = load_splits(TrainConfig()), load_splits(TrainConfig(limit=200))
     assert quick.tokenizer.itos == full.tokenizer.itos
     assert len(quick.train) + len(quick.dev) + len(quick.heldout) == 200
     fitted_on_subset = SmilesTokenizer.fit(load_table(SHIPPED, limit=200).smiles)

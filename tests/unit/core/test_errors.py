@@ -1,13 +1,17 @@
-"""Bad input: one line naming the problem, exit code 2, no traceback, nothing written."""
+"""Bad input: one line naming the problem and the fix, no traceback, nothing written.
+
+``InputError`` is a ``SystemExit``: uncaught, Python prints its one line and exits
+with status 1; argparse's own errors exit with status 2. The step scripts need no
+wrapper around ``main`` for either.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
+import torch.distributed
 
-from tests.conftest import SOLUTIONS, run_python
-from workshop_lib.cli import run_cli
+from tests.conftest import SOLUTIONS, load_step, raises_in_process, run_python, run_torchrun
+from workshop_lib.errors import InputError
 
 CASES = {
     "missing file": (["--data", "{tmp}/nope.csv"], None, "not found"),
@@ -25,49 +29,66 @@ CASES = {
 }
 
 
-def load_step(name: str):
-    spec = importlib.util.spec_from_file_location(name, SOLUTIONS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def test_input_error_is_a_system_exit_with_its_line():
+    err = InputError("x is bad; do y")
+    assert isinstance(err, SystemExit) and not isinstance(err, Exception)  # `except Exception` lets it through
+    assert (err.code, err.message) == ("error: x is bad; do y", "x is bad; do y")
+
+
+@pytest.mark.timeout(60)
+def test_uncaught_it_is_one_line_and_exit_status_1():
+    proc = run_python(["-c", "from workshop_lib.errors import InputError; raise InputError('x is bad; do y')"])
+    assert (proc.returncode, proc.stderr, proc.stdout) == (1, "error: x is bad; do y\n", "")
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, case):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, world_of_one, case):
+    """Step 3's main in a world of one: every bad input is an InputError, raised before anything is written."""
     args, csv_text, message = CASES[case]
     if csv_text is not None:
         (tmp_path / "data.csv").write_text(csv_text)
     out = tmp_path / "out"
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    code = run_cli(load_step("step3_ddp").main, [*argv, "--out", str(out), "--no-progress"])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    with raises_in_process(InputError) as raised:
+        load_step("step3_ddp").main([*argv, "--out", str(out)])
+    assert message in raised.value.message and "\n" not in raised.value.message, raised.value.message
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step", ["step0_baseline", "step3_ddp"])
+def test_unwritable_output_directory(tmp_path, world_of_one, step):
+    """Rank 0's Reporter tries --out before any work; step 3 then still leaves its group (the finally)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with raises_in_process(InputError, match=r"^error: cannot write to --out .*; choose a writable directory$"):
+        load_step(step).main(["--limit", "200", "--out", str(blocker / "sub")])
+    assert not torch.distributed.is_initialized()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("args", "message"), [
-    (["--epocs", "3"], "error: unrecognized arguments: --epocs 3 (see step3_ddp.py --help)"),
-    (["--epochs", "0"], "error: argument --epochs: must be >= 1, got 0"),
-    (["--data", "missing.csv"], "error: data file missing.csv not found"),
+@pytest.mark.parametrize(("args", "status", "message"), [
+    (["--epocs", "3"], 2, "error: unrecognized arguments: --epocs 3 (see step0_baseline.py --help)"),
+    (["--epochs", "0"], 2, "error: argument --epochs: must be >= 1, got 0 (see step0_baseline.py --help)"),
+    (["--data", "missing.csv"], 1, "error: data file missing.csv not found; pass --data PATH to a CSV with SMILES "
+                                   "and 0/1 labels"),
 ])
-def test_the_real_process_exits_2_with_one_line(tmp_path, args, message):
-    proc = run_python([SOLUTIONS / "step3_ddp.py", *args, "--out", tmp_path / "out"], timeout=50)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert proc.stderr.startswith(message), proc.stderr
+def test_the_real_process_prints_one_line(tmp_path, args, status, message):
+    proc = run_python([SOLUTIONS / "step0_baseline.py", *args, "--out", tmp_path / "out"], timeout=50)
+    assert (proc.returncode, proc.stderr) == (status, message + "\n")
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.timeout(60)
-def test_unwritable_output_directory(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    code = run_cli(load_step("step0_baseline").main, ["--limit", "200", "--out", str(blocker / "sub")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: cannot write to --out") and err.count("\n") == 1
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_under_torchrun_every_rank_prints_its_line_and_torchrun_exits_1(tmp_path):
+    """Each rank stops before joining the group; torchrun's summary lists exit code 1 (no traceback: none is due)."""
+    proc = run_torchrun(SOLUTIONS / "step3_ddp.py", ["--data", "missing.csv", "--out", tmp_path / "out"], timeout=100)
+    line = "error: data file missing.csv not found; pass --data PATH to a CSV with SMILES and 0/1 labels"
+    assert proc.returncode == 1
+    assert proc.stderr.count(line + "\n") == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("Traceback") == 1, proc.stderr[-3000:]  # torchrun's own ChildFailedError, no rank's
+    assert "exitcode  : 1" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -47,3 +47,30 @@ def test_backward_is_observed_for_the_hang_watch():
         (2 * x).sum().backward()
     assert log.seen == [("enter", "backward"), ("leave", "backward", None)]
     assert x.grad.tolist() == [2.0, 2.0]
+
+
+class _Broken:
+    def __init__(self):
+        self.failures = []
+
+    def enter(self, op, args, kwargs):
+        raise KeyError("a bug in an observer")
+
+    def leave(self, token, error):
+        raise AssertionError("never reached: the observer was dropped on entering")
+
+    def failed(self, err):
+        self.failures.append(type(err).__name__)
+
+
+def test_an_observer_that_raises_is_dropped_and_the_call_goes_through_unchanged(capsys):
+    broken, plain, log = _Broken(), type("Plain", (_Broken,), {"failed": None})(), _Log()
+    x = torch.ones(2, requires_grad=True)
+    with collectives.observing(log), collectives.observing(broken), collectives.observing(plain):
+        (3 * x).sum().backward()  # the learner's call: its result is torch's
+        (3 * x).sum().backward()  # the broken observers are gone: no second report
+    assert x.grad.tolist() == [6.0, 6.0]
+    assert broken.failures == ["KeyError"]  # told once, through its failed()
+    assert capsys.readouterr().err.splitlines() == [  # one line for the observer without failed()
+        "warning: Plain stopped observing torch.distributed's collectives (KeyError: 'a bug in an observer')"]
+    assert log.seen == [("enter", "backward"), ("leave", "backward", None)] * 2  # the others still see every call

@@ -19,8 +19,9 @@ LIB = Path(frames.__file__).resolve().parent.parent  # workshop_lib/
     (str(LIB / "checks" / "record.py"), False, True),  # a tool
     (str(LIB / "lab" / "forklaunch.py"), False, True),
     (str(LIB / "check.py"), False, True),  # a command module
-    (str(LIB / "train.py"), False, False),  # the core is the learner's by default ...
-    (str(LIB / "train.py"), True, True),  # ... and library when asked
+    (str(LIB / "watch.py"), False, True),  # the command that runs a script with the watch attached
+    (str(LIB / "data.py"), False, False),  # the core is the learner's by default ...
+    (str(LIB / "data.py"), True, True),  # ... and library when asked
     (torch.__file__, False, True),
     (os.__file__, False, True),  # the standard library
     ("<frozen runpy>", False, True),

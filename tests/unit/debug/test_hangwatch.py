@@ -1,16 +1,18 @@
-"""hangwatch: the diagnosis from the ranks' answers, and real 2-rank jobs that wait."""
+"""hangwatch: the diagnosis from the ranks' answers, and real 2-rank jobs with the watch attached from outside."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.conftest import REPO, run_torchrun
+from tests.conftest import REPO, cpu_env
 from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
@@ -86,11 +88,18 @@ def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
         "shape and dtype")
 
 
+def test_attach_in_a_world_of_one_changes_nothing(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # plain python: no torchrun variables
+    before = dist.all_reduce
+    assert hangwatch.attach() is None
+    assert dist.all_reduce is before
+
+
 def test_install_in_a_world_of_one_changes_nothing():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
     try:
         before = dist.all_reduce
-        assert hangwatch.install() is None
+        assert hangwatch.install(dist.HashStore()) is None
         assert dist.all_reduce is before
     finally:
         dist.destroy_process_group()
@@ -98,7 +107,8 @@ def test_install_in_a_world_of_one_changes_nothing():
 
 def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     """Under DDP each backward() all-reduces the gradients: the record counts them, for the ranks' sequences."""
-    watch = hangwatch.Watch(dist.HashStore(), 0, 2, threshold=60, poll=60)
+    watch = hangwatch.Watch(threshold=60, poll=60, record=None, store=dist.HashStore())
+    watch.world_size = 2  # as if joined: the main thread's side does not connect
     x = torch.ones(2)
     for op in ("_broadcast_coalesced", "backward", "backward", "all_gather"):
         watch.leave(watch.enter(op, (x,), {}), None)
@@ -107,6 +117,58 @@ def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("_broadcast_coalesced", 1, 0),
                                                                              ("all_gather", 2, 2)]
     assert said["backwards"] == 3 and (said["current"]["op"], said["current"]["backwards"]) == ("backward", 3)
+
+
+@pytest.fixture
+def group_of_two(monkeypatch):
+    """A real gloo group of one that the watch takes for two ranks: its thread serves, with nobody to answer."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(hangwatch, "_warned", False)
+    try:
+        yield
+    finally:
+        hangwatch.detach()
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("error", "said"), [
+    (TypeError("a bug in the watch"), "stopped watching rank 0 (TypeError: a bug in the watch); the job runs on "
+                                      "unwatched"),
+    (dist.DistNetworkError("Broken pipe"), None),  # the store's host ended first: expected at the end of a job
+])
+def test_a_watch_that_fails_says_so_in_one_line_except_when_the_store_is_gone(group_of_two, monkeypatch, capsys,
+                                                                              error, said):
+    def fails(self):
+        raise error
+
+    monkeypatch.setattr(hangwatch.Watch, "unfinished_on_gpu", fails)  # called on every poll of the thread
+    watch = hangwatch.install(dist.HashStore(), threshold=60, poll=0.01)
+    watch.thread.join(timeout=20)  # the thread ends on the failure
+    assert not watch.thread.is_alive()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ([hangwatch.WARNING + said] if said else [])
+
+
+def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_printed(group_of_two, tmp_path,
+                                                                                     capsys):
+    watch = hangwatch.install(dist.HashStore(), threshold=60, poll=60, record=str(tmp_path / "no" / "hang.json"))
+    watch.join()  # connected now, whether or not its thread got there first
+    watch.world_size = 1  # only this rank's answer to wait for
+    watch.explain(STUCK, "has waited 6 s")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "hangwatch: rank 0 has waited 6 s in all_reduce #2 (float32[3]), called at t.py:9 in train()"
+    warnings = [line for line in err if not line.startswith(hangreport.PREFIX)]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{hangwatch.WARNING}could not save the hang record to ")
+
+
+def watched(mode: str, timeout: float, after: float | None, **env: str) -> subprocess.CompletedProcess:
+    """hang_worker.py MODE on 2 ranks, as a learner would attach the watch: torchrun ... -m workshop_lib.watch."""
+    watch = ["-m", "workshop_lib.watch", *(["--after", str(after)] if after else [])]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *watch, str(WORKER),
+           mode, str(timeout)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=cpu_env(**env))
 
 
 def lines_of(done, tag="hangwatch: "):
@@ -118,37 +180,68 @@ def lines_of(done, tag="hangwatch: "):
 def test_a_late_rank_is_diagnosed_and_the_job_still_finishes(tmp_path):
     """Rank 1 comes late, once the watch (threshold 2 s) has printed where it is; both finish with the right sum."""
     record = tmp_path / "hang.json"
-    done = run_torchrun(WORKER, ["busy", 60, 2], timeout=120, **{hangreport.RECORD_VARIABLE: str(record)})
+    done = watched("busy", 60, 2, **{hangreport.RECORD_VARIABLE: str(record)})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    assert "rank 1 sum [4.0, 4.0, 4.0]" in out  # the wrapped collectives still compute: ones, summed twice over 2 ranks
+    assert "rank 1 sum [4.0, 4.0, 4.0]" in out  # the observed collectives still compute: ones, summed twice over 2
     said = "\n".join(lines_of(done))
     lines = WORKER.read_text().splitlines()
     evaluate = range(next(i for i, text in enumerate(lines, 1) if text.startswith("def evaluate(")),
-                     next(i for i, text in enumerate(lines, 1) if text.startswith("def main(")))
+                     next(i for i, text in enumerate(lines, 1) if text.startswith("def torchs_own(")))
     assert re.search(r"rank 0 has waited \d+ s in all_reduce #2 \(float32\[3\]\)", said), said
     assert "never arrived: rank 1" in said, said
     at = re.search(r"rank 1 never entered all_reduce #2: it is in evaluate\(\) at tests/workers/hang_worker\.py:(\d+)", said)
     assert at and int(at.group(1)) in evaluate, said
     assert said.count("has waited") == 1, said  # one block for the job, not one per rank
+    assert not re.search(r"workshop_lib/|runpy", said), said  # the watch's own frames are not the learner's
     assert [b["missing"] for b in hangreport.load(record)] == [[1]]  # and its record, for programs
+    assert hangwatch.WARNING not in out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_rank_that_left_is_named_by_the_rank_left_waiting():
-    done = run_torchrun(WORKER, ["exit", 30, 60], timeout=120)
+    done = watched("exit", 30, 60)
     said = "\n".join(lines_of(done))
     assert done.returncode != 0
     assert re.search(r"rank 0 failed after \d+ s \(.*\) in all_reduce #2", said), said
     assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_reduce #1" in said, said
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", ["torchrun's agent", "rank 0's"])
+def test_a_run_that_does_not_hang_is_untouched_and_torch_is_its_own_again_after_it(store):
+    """Also where rank 0 hosts the store (as step 4's restarts need): no rank finds it gone as it leaves."""
+    done = watched("clean", 30, 2, **({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if store == "rank 0's" else {}))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert sorted(re.findall(r"rank \d sum \[4\.0, 4\.0, 4\.0\]", out)) == ["rank 0 sum [4.0, 4.0, 4.0]",
+                                                                           "rank 1 sum [4.0, 4.0, 4.0]"]
+    # destroy_process_group is never replaced; the collectives are observed during the run, torch's own after it
+    assert out.count("during the run: destroy_process_group=True all_reduce=False") == 2, out
+    assert out.count("at exit: destroy_process_group=True all_reduce=True backward=True") == 2, out
+    assert "hangwatch" not in out and "TCPStore" not in out, out  # no block, no warning, no socket error
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_watch_that_cannot_start_says_so_in_one_line_per_rank_and_the_job_runs():
+    done = watched("clean", 30, None, **{hangwatch.AFTER_VARIABLE: "soon"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    warnings = [line for line in out.splitlines() if hangwatch.WARNING in line]
+    assert len(warnings) == 2, out  # one line from each rank
+    assert all(line.endswith("WORKSHOP_HANG_AFTER must be a number of seconds above 0, not 'soon'; the job runs "
+                             "unwatched") for line in warnings), warnings
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_collective_still_running_on_the_gpu_is_the_one_reported():
     """NCCL returns once a collective is queued: the watch's CUDA event says whether the GPU got through it."""
-    watch = hangwatch.Watch(dist.HashStore(), 0, 2, threshold=0.1, poll=0.1)
+    watch = hangwatch.Watch(threshold=0.1, poll=0.1, record=None, store=dist.HashStore())
+    watch.world_size = 2
     x = torch.ones(4, device="cuda")
     call = watch.enter("all_reduce", (x,), {})
     torch.cuda._sleep(2_000_000_000)  # GPU time queued before the event, as a kernel waiting for a peer would be

@@ -51,7 +51,7 @@ def test_diagnose_shows_both_ranks_of_a_waiting_job_with_py_spy_and_with_the_sig
     log, record = tmp_path / "job.log", tmp_path / "hang.json"
     with open(log, "w") as out:
         job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                str(WORKER), "wait", "120", "1"], cwd=REPO,
+                                "-m", "workshop_lib.watch", "--after", "1", str(WORKER), "wait", "120"], cwd=REPO,
                                env=cpu_env(**{hangreport.RECORD_VARIABLE: str(record)}), stdout=out,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -22,11 +22,10 @@ from workshop_lib.lab import forklaunch, launch
 SCRIPT = """
 import argparse, json, os, sys, time
 from pathlib import Path
-from workshop_lib.distributed import read_launch_env
+from workshop_lib.debug.launchenv import read_launch_env
 p = argparse.ArgumentParser()
 p.add_argument("--out", type=Path)
 p.add_argument("--mode", default="ok")
-p.add_argument("--no-progress", action="store_true")
 a = p.parse_args()
 env = read_launch_env()
 (a.out / f"pid{env.rank}").write_text(str(os.getpid()))
@@ -55,13 +54,13 @@ def test_torchrun_shows_rank0_and_returns_its_metrics(script, tmp_path, capsys):
     result = launch.torchrun(script, 2, ["--mode", "ok"], out=tmp_path, timeout=120)
     captured = capsys.readouterr()
     shown = captured.out.splitlines()
-    assert shown[0].startswith("$ torchrun --standalone --nproc_per_node=2 ") and f"--out {tmp_path}" in shown[0]
+    assert shown[0].startswith("$ torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch ")  # the hang watch
+    assert shown[0].endswith(f"tiny.py --mode ok --out {tmp_path}")
     assert "hello from 0 of 2 threads=1" in shown
     assert not any("hello from 1" in line for line in shown)  # rank 1's lines are kept, not shown
     assert dict(result) == {"answer": 42}
     assert result.rank_lines(1) == ["hello from 1 of 2 threads=1"]
     assert result.command == shown[0][2:]
-    assert result.command.endswith("--no-progress")  # the script's own bar would arrive through a pipe
     assert "1/1" in captured.err  # ours, fed by rank 0's "epoch 1/1" line
 
 
@@ -265,3 +264,37 @@ def test_lines_that_torchrun_tee_ran_together_are_split_again():
         got.append(line)
     assert got == ["[default0]:done: 3 steps, replica_spread 0", "[default1]:x [y]",
                    "[default1]:[rank1]: RuntimeError: a rank's own label stays", "[default1]:next"]
+
+
+@pytest.mark.parametrize(("flags", "watch", "argv", "variable"), [
+    ((), False, ["tiny.py", "--x"], None),
+    (("--max-restarts=2",), True, ["--max-restarts=2", "-m", "workshop_lib.watch", "tiny.py", "--x"], "1"),
+    (("--max-restarts", "0"), False, ["--max-restarts", "0", "tiny.py", "--x"], None),
+])
+def test_start_job_attaches_the_watch_and_lets_restarts_work(monkeypatch, flags, watch, argv, variable):
+    """-m workshop_lib.watch before the script; with restarts, the agent keeps its store to itself (torch 2.13)."""
+    started = {}
+    monkeypatch.delenv(launch.RESTART_VARIABLE, raising=False)
+    monkeypatch.setattr(launch.subprocess, "Popen", lambda cmd, **kw: started.update(cmd=cmd, env=kw["env"]))
+    launch.start_job(Path("tiny.py"), ["--x"], 2, flags, watch=watch)
+    assert started["cmd"][5:] == argv and started["cmd"][1:5] == ["-m", "torch.distributed.run", "--standalone",
+                                                                    "--nproc_per_node=2"]
+    assert started["env"].get(launch.RESTART_VARIABLE) == variable
+
+
+@pytest.mark.timeout(30)
+def test_a_stop_that_python_dropped_while_the_launcher_forked_is_raised_again():
+    """A SIGINT handled in an at-fork hook (logging's) is dropped by Python: the watchdog's next tick raises it."""
+    import sys
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    stop, before = SignalException("Process 1 got signal: 2", sigval=signal.SIGINT), sys.unraisablehook
+    with pytest.raises(SignalException) as err, forklaunch._watchdog(20, "a launch", lambda timed_out: None), \
+            forklaunch._own_signal_handlers():
+        sys.unraisablehook(SimpleNamespace(exc_type=SignalException, exc_value=stop, exc_traceback=None,
+                                           err_msg="Exception ignored in", object=None))  # as Python does it
+        time.sleep(10)  # the next tick (within 0.5 s) ends this
+    assert err.value is stop
+    assert sys.unraisablehook is before  # put back

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
 import numpy as np
@@ -14,20 +15,20 @@ from torch.utils.data import DistributedSampler
 from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab import plots
+from workshop_lib.metrics import BestModel
 from workshop_lib.report import Reporter
-from workshop_lib.train import BestModel, EpochStats
 
 matplotlib.use("Agg")
 
 
 def fake_run(out: Path, losses: list[float], aucs: list[float], world_size: int = 1) -> Path:
     """Event files and metrics.json written by the real Reporter, with known numbers."""
-    cfg = TrainConfig(out=out, epochs=len(losses), progress=False)
-    report = Reporter(cfg, "test", torch.device("cpu"))
-    report.world_size = world_size
+    cfg = TrainConfig(out=out, epochs=len(losses))
+    splits = SimpleNamespace(train=[0] * 8, dev=[0] * 2, heldout=[0] * 2, source="tiny.csv")  # what the header reads
+    report = Reporter(cfg, "test", splits, torch.nn.Linear(2, 1), world_size)
     best = BestModel()
     for epoch, (loss, auc) in enumerate(zip(losses, aucs, strict=True)):
-        report.epoch(epoch, EpochStats(loss=loss, samples=100, steps=4, seconds=0.5), auc)
+        report.epoch(epoch, loss, 100 * world_size, 0.5, auc)  # 100 molecules per rank, summed over the ranks
         best.epoch, best.roc_auc = (epoch, auc) if auc > best.roc_auc else (best.epoch, best.roc_auc)
     report.finish(best, heldout_roc_auc=0.5)
     return out

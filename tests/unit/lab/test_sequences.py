@@ -16,7 +16,7 @@ def call(op, seq, backwards, tensors="float32[1]", where="train-cell:12 in train
 
 BCAST = call("_broadcast_coalesced", 1, 0, "13 tensors", "train-cell:5 in train()")
 GATHER = call("all_gather", 2, 5, "2 tensors", "shared-cell:20 in replica_spread(), from train-cell:10 in train()")
-BACKWARD_6 = call("backward", 0, 6, "DDP's gradient buckets", "workshop_lib/train.py:56 in train_epoch()")
+BACKWARD_6 = call("backward", 0, 6, "DDP's gradient buckets", "train-cell:19 in train()")
 
 
 def answer(history, backwards, current):
@@ -32,7 +32,7 @@ def test_a_sequence_puts_the_backward_calls_between_the_collectives():
     rank0, rank1 = (sequences.sequence(a) for a in sequences.answers(UNEVEN).values())
     assert [s.name() for s in rank0] == ["_broadcast_coalesced #1"] + [f"backward() #{n}" for n in range(1, 7)]
     assert [s.waiting for s in rank0] == [False] * 6 + [True]  # the 6th backward is where rank 0 waits
-    assert rank0[-1].where == "workshop_lib/train.py:56 in train_epoch()"
+    assert rank0[-1].where == "train-cell:19 in train()"
     assert [s.name() for s in rank1][-2:] == ["backward() #5", "all_gather #2"] and rank1[-1].waiting
 
 
@@ -40,7 +40,7 @@ def test_the_first_difference_is_the_first_position_where_the_calls_differ():
     seqs = {r: sequences.sequence(a) for r, a in sequences.answers(UNEVEN).items()}
     assert sequences.first_difference(seqs) == 6
     assert sequences.describe(UNEVEN) == (
-        "the ranks' calls first differ at call 7: rank 0 backward() #6 at workshop_lib/train.py:56 in train_epoch(), "
+        "the ranks' calls first differ at call 7: rank 0 backward() #6 at train-cell:19 in train(), "
         "rank 1 all_gather #2 at shared-cell:20 in replica_spread(), from train-cell:10 in train()")
     same = {0: [Step("all_reduce", 1, "float32[1]", "a")], 1: [Step("all_reduce", 1, "float32[1]", "a")]}
     assert sequences.first_difference(same) is None

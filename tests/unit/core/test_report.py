@@ -1,0 +1,66 @@
+"""The Reporter that global rank 0 alone builds: its header, one line per epoch, metrics.json, its state for resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from workshop_lib.config import TrainConfig
+from workshop_lib.data import load_splits
+from workshop_lib.errors import InputError
+from workshop_lib.metrics import REQUIRED, BestModel
+from workshop_lib.model import SmilesLSTM
+from workshop_lib.report import Reporter
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return load_splits(TrainConfig(limit=200))
+
+
+def reporter(tmp_path, splits, world_size=2, **cfg) -> tuple[Reporter, SmilesLSTM]:
+    config = TrainConfig(limit=200, epochs=2, out=tmp_path / "out", tensorboard=False, **cfg)
+    model = SmilesLSTM(len(splits.tokenizer), 8, 8)
+    return Reporter(config, "step3_ddp", splits, model, world_size), model
+
+
+def test_the_header_comes_at_once_and_out_is_created(tmp_path, splits, capsys):
+    reporter(tmp_path, splits)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("data: ") and out[0].endswith(f"{len(splits.train)} train / {len(splits.dev)} dev / "
+                                                           f"{len(splits.heldout)} heldout molecules")
+    assert out[1].endswith("batch 64 per process x 2 process(es) = global batch 128")
+    assert (tmp_path / "out").is_dir() and list((tmp_path / "out").iterdir()) == []  # the write test left nothing
+
+
+def test_epochs_and_finish_write_metrics_json(tmp_path, splits, capsys):
+    report, model = reporter(tmp_path, splits)
+    best = BestModel()
+    for epoch, auc in ((0, 0.6), (1, 0.7)):
+        best.update(epoch, auc, model)
+        report.epoch(epoch, loss=0.5, samples=200, seconds=0.5, dev_roc_auc=auc, replica_spread=0.0)
+    assert "epoch 2/2  train loss 0.5000  dev ROC AUC 0.7000  0.5s  400 samples/s  replica_spread 0" in \
+        capsys.readouterr().out
+    metrics = report.finish(best, 0.8, replica_spread=0.0)
+    assert metrics == json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert set(REQUIRED) <= metrics.keys()
+    assert (metrics["world_size"], metrics["global_batch_size"], metrics["best_epoch"]) == (2, 128, 1)
+    assert metrics["backend"] is None  # no process group here; under torchrun the group's backend
+    assert metrics["train_samples_per_second"] == pytest.approx(400.0)
+    assert [h["epoch"] for h in metrics["history"]] == [0, 1] and metrics["replica_spread"] == 0.0
+
+
+def test_its_state_carries_the_history_into_a_resumed_run(tmp_path, splits):
+    report, _ = reporter(tmp_path, splits)
+    report.epoch(0, loss=0.5, samples=100, seconds=1.0, dev_roc_auc=0.6)
+    resumed, _ = reporter(tmp_path, splits)
+    resumed.load_state_dict(report.state_dict())
+    assert resumed.history == report.history and resumed.train_samples == 100
+
+
+def test_an_unwritable_out_is_one_line(tmp_path, splits):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match=r"cannot write to --out .*file/sub \(.*\); choose a writable directory"):
+        Reporter(TrainConfig(out=tmp_path / "file" / "sub"), "step0_baseline", splits, torch.nn.Linear(1, 1))

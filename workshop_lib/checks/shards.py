@@ -1,0 +1,114 @@
+"""Sharding judged by what each rank read, then explained by how its sampler was built.
+
+:func:`read_mistake` looks only at the indices each rank's training loader
+yielded in each epoch: as many epochs as asked, disjoint across the ranks (up
+to DistributedSampler's padding), together covering the split, in a new order
+each epoch. :func:`cause` then reads the records of the samplers and loader
+passes (:mod:`workshop_lib.checks.record`) for why. The script checker and the
+notebook's ``sampler.shards`` check use both, so a mistake reads the same.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from workshop_lib.checks.events import _and, _at, _of, pass_events, samplers
+
+Reads = dict[int, list[list[int]]]  # rank -> the indices read in each epoch, in order
+
+
+def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecules") -> tuple[str, str] | None:
+    """(kind, what was measured) for the first thing wrong with what the ranks read; None if nothing."""
+    world = len(reads)
+    for rank, per_epoch in sorted(reads.items()):
+        if len(per_epoch) < epochs:
+            return "epochs", f"rank {rank} read the {what} in {len(per_epoch)} epoch(s), not {epochs}"
+    share = math.ceil(n / world)
+    for e in range(epochs):
+        got = {r: reads[r][e] for r in sorted(reads)}
+        counts = Counter(i for indices in got.values() for i in indices)
+        whole = [r for r, indices in got.items() if len(set(indices)) >= n]
+        if whole:
+            who = "every rank" if len(whole) == world else f"rank {whole[0]}"
+            return "all", f"in epoch {e + 1} {who} read all {n} {what}"
+        sizes = {len(indices) for indices in got.values()}
+        padding = share * world - n if sizes == {share} else 0
+        repeated = sum(c - 1 for c in counts.values() if c > 1)
+        if repeated > padding:
+            pair = _sharing(got)
+            return "overlap", (f"in epoch {e + 1} ranks {_and(pair)} read {_common(got, pair)} of the same {what} "
+                               f"(together {len(counts)} of {n})")
+        dropped = world - 1 if sizes == {n // world} else 0  # drop_last=True leaves out fewer than one a rank
+        if len(counts) < n - dropped:
+            return "missing", f"in epoch {e + 1} the ranks read {len(counts)} of the {n} {what} together"
+    for e in range(1, epochs):
+        if all(reads[r][e] == reads[r][e - 1] for r in reads):
+            return "same_order", f"epoch {e + 1} read the same {what} in the same order as epoch {e} on every rank"
+    return None
+
+
+def _sharing(got: dict[int, list[int]]) -> list[int]:
+    ranks = sorted(got)
+    best = max(((a, b) for a in ranks for b in ranks if a < b), key=lambda p: len(set(got[p[0]]) & set(got[p[1]])))
+    return list(best)
+
+
+def _common(got: dict[int, list[int]], pair: list[int]) -> int:
+    return len(set(got[pair[0]]) & set(got[pair[1]]))
+
+
+def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: int | None = None) -> str:
+    """Why, from the records of the samplers built over ``split`` and the loader passes over it; '' if unknown.
+
+    ``kind`` is :func:`read_mistake`'s: shards that overlap or miss come from how the sampler was built or used;
+    the same order every epoch from ``shuffle=False`` or ``set_epoch``.
+    """
+    world = world or len(ranks)
+    made = {r: samplers(ev, split) for r, ev in ranks.items()}
+    built = {r: m[-1] for r, m in made.items() if m}
+    if not built:
+        return ("no DistributedSampler was built over the data, so every rank's DataLoader reads all of it: give the "
+                "DataLoader sampler=DistributedSampler(dataset)")
+    first = next(iter(built.values()))
+    for r, ev in sorted(ranks.items()):
+        passes = pass_events(ev, split)
+        if r in built and passes and passes[0]["sampler_id"] != built[r]["id"]:
+            return (f"the DistributedSampler built at line {built[r]['line']} is not the one the DataLoader draws from "
+                    f"(it draws from a {passes[0]['sampler']}): pass it as DataLoader(..., sampler=sampler), "
+                    f"without shuffle=")
+    replicas = {r: s["num_replicas"] for r, s in built.items()}
+    if any(v != world for v in replicas.values()):
+        r, v = next((r, v) for r, v in sorted(replicas.items()) if v != world)
+        return (f"rank {r}'s DistributedSampler{_at(built[r])} splits the data into {v} shard(s) (num_replicas={v}), "
+                f"but {world} ranks train: leave num_replicas out (the group's size) or pass dist.get_world_size()")
+    by_rank: dict[int, list[int]] = {}
+    for r, s in sorted(built.items()):
+        by_rank.setdefault(s["rank"], []).append(r)
+    for value, who in by_rank.items():
+        if len(who) > 1:
+            local = all(str(built[r].get("local_rank")) == str(value) for r in who)
+            return (f"ranks {_and(who)} all built their DistributedSampler with rank={value}{_at(built[who[0]])}"
+                    f"{', their local rank' if local else ''}: leave rank out (the group's rank) or pass "
+                    f"dist.get_rank(); the local rank repeats on every node")
+    seeds = {r: s["seed"] for r, s in built.items()}
+    if len(set(seeds.values())) > 1:
+        shown = ", ".join(f"rank {r}: {v}" for r, v in sorted(seeds.items()))
+        return (f"the samplers' seeds differ ({shown}{', line ' + str(first['line']) if first.get('line') else ''}): "
+                f"each rank shuffles the data its own way, so the shards overlap; give every rank the same seed")
+    if kind != "same_order":
+        return ""
+    if not first["shuffle"]:
+        return f"the DistributedSampler was built with shuffle=False{_at(first)}: pass shuffle=True"
+    for _, ev in sorted(ranks.items()):
+        passes = pass_events(ev, split)
+        late = next((p for e, p in enumerate(passes) if p.get("sampler_epoch") not in (None, e)), None)
+        if late is None:
+            continue
+        e = passes.index(late)
+        if not _of(ev, "set_epoch", split=split):
+            return ("sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch) at the start of "
+                    "every epoch, before the loader is read")
+        return (f"in epoch {e + 1} the loader{_at(late)} read the sampler while it was still set to epoch "
+                f"{late['sampler_epoch']}: call sampler.set_epoch(epoch) before the loader is read, not after")
+    return ""

@@ -1,0 +1,91 @@
+"""Causes read from the script's text: which function holds a line, a loop ended under a rank test, and the like.
+
+The rules judge what the run did (:mod:`workshop_lib.checks.rules`,
+:mod:`workshop_lib.checks.step_rules`); these only explain a mistake already
+measured, or show what a CPU run cannot (``device_ids`` on a GPU node).
+"""
+
+from __future__ import annotations
+
+import ast
+
+
+def _tree(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def function_at(text: str, line: int | None) -> str | None:
+    """The name of the innermost function of the script that holds ``line``."""
+    tree = _tree(text)
+    if tree is None or not line:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        inside = isinstance(node, ast.FunctionDef) and node.lineno <= line <= (node.end_lineno or node.lineno)
+        if inside and (found is None or node.lineno > found.lineno):
+            found = node
+    return found.name if found else None
+
+
+def rank_decision(text: str) -> tuple[str, int, str, int] | None:
+    """('break' | 'return', its line, the test, the test's line) of a loop's exit under an ``if`` about the rank."""
+    tree = _tree(text)
+    for loop in ast.walk(tree) if tree is not None else ():
+        if not isinstance(loop, ast.For | ast.While):
+            continue
+        for node in ast.walk(loop):
+            if isinstance(node, ast.If) and "rank" in ast.unparse(node.test):
+                for stop in ast.walk(node):
+                    if isinstance(stop, ast.Break | ast.Return):
+                        return type(stop).__name__.lower(), stop.lineno, ast.unparse(node.test), node.lineno
+    return None
+
+
+def destroy_outside_finally(source: str) -> int | None:
+    """The line of a dist.destroy_process_group() call that is not inside a ``finally:``, if any."""
+    tree = ast.parse(source)
+    protected = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try):
+            for stmt in node.finalbody:
+                protected |= {id(n) for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+                "destroy_process_group" and id(node) not in protected:
+            return node.lineno
+    return None
+
+
+def _global_rank_names(tree: ast.Module) -> set[str]:
+    """Names assigned from dist.get_rank() or os.environ["RANK"] (the global rank)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+            values = [node.value]
+            if isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
+                targets, values = node.targets[0].elts, node.value.elts
+            for t, v in zip(targets, values, strict=False):
+                text = ast.unparse(v)
+                if isinstance(t, ast.Name) and ("get_rank" in text or "'RANK'" in text or '"RANK"' in text):
+                    names.add(t.id)
+    return names
+
+
+def global_rank_device_ids(text: str) -> tuple[int, str] | None:
+    """(line, expression) of a ``device_ids=`` that names the global rank (dist.get_rank(), RANK, or a name for it)."""
+    tree = _tree(text)
+    if tree is None:
+        return None
+    ranks = _global_rank_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == "device_ids":
+                    used = {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name)} & ranks
+                    if used or "get_rank" in ast.unparse(kw.value):
+                        return node.lineno, ast.unparse(kw.value)
+    return None

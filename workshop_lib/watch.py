@@ -1,0 +1,63 @@
+"""Run a script with the hang watch attached, as `python -m cProfile` runs one with the profiler.
+
+    python -m workshop_lib.watch [--after SECONDS] [--record FILE] SCRIPT [ARGS...]
+    torchrun --nproc_per_node=2 -m workshop_lib.watch solutions/step3_ddp.py --epochs 2
+
+SCRIPT runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, unchanged: it
+holds no line of the watch. When a collective has waited SECONDS (default: the
+environment's WORKSHOP_HANG_AFTER, else a quarter of the process group's timeout),
+the rank prints who never arrived and where each rank is
+(:mod:`workshop_lib.debug.hangwatch`); ``--record`` (or WORKSHOP_HANG_RECORD)
+also saves that block as JSON. Under plain python, a world of one, nothing is watched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a number above 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workshop_lib.watch", description=__doc__.splitlines()[0],
+                                usage="%(prog)s [--after SECONDS] [--record FILE] SCRIPT [ARGS...]")
+    p.add_argument("--after", type=_seconds, default=None, metavar="SECONDS",
+                   help="seconds a collective may wait before the diagnosis (default: $WORKSHOP_HANG_AFTER, "
+                        "else a quarter of the process group's timeout)")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="also save the diagnosis to this JSON file (default: $WORKSHOP_HANG_RECORD)")
+    p.add_argument("script", help="the Python script to run, as `python SCRIPT ARGS` would")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    if not os.path.isfile(opts.script):
+        parser.error(f"no script {opts.script!r}; give the path of a .py file")
+    from workshop_lib.debug import hangwatch
+
+    sys.argv = [opts.script, *opts.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(opts.script)))  # as `python SCRIPT` puts it first
+    hangwatch.attach(threshold=opts.after, record=opts.record)
+    try:
+        runpy.run_path(opts.script, run_name="__main__")
+    finally:
+        hangwatch.detach()
+
+
+if __name__ == "__main__":
+    main()

@@ -137,7 +137,7 @@ class _EpochBar:
 
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
              timeout: float = 600, progress: bool = True, show: str | None = "rank0", watch: bool = True,
-             max_restarts: int = 0) -> RunResult:
+             max_restarts: int = 0, env: dict[str, str] | None = None) -> RunResult:
     """Run ``torchrun --standalone --nproc_per_node=NPROC [-m workshop_lib.watch] SCRIPT ARGS``; return rank 0's metrics.
 
     Relative paths are relative to the repository root. ``--out`` is taken
@@ -149,7 +149,8 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     lines of every rank either way. ``watch``: the script runs with the hang watch
     attached from outside (:mod:`workshop_lib.watch`): a collective that waits too
     long names the rank it waits for. ``max_restarts``: torchrun restarts the
-    group that often (with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see :func:`start_job`).
+    group that often (with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see :func:`start_job`). ``env``: more
+    variables for the job, e.g. ``{"CUDA_VISIBLE_DEVICES": ""}`` to run on the CPU (Gloo) on a GPU node.
     """
     if show not in ("rank0", "all", None):
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
@@ -163,7 +164,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
     start, started_at = time.perf_counter(), time.time()
     # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
-    proc = start_job(script, args, nproc, [*restarts, "--tee", "3", "--log-dir", log_dir], watch=watch)
+    proc = start_job(script, args, nproc, [*restarts, "--tee", "3", "--log-dir", log_dir], env=env, watch=watch)
     bar = _EpochBar(epochs, progress)
     try:
         output = _follow(proc, show, bar, start + timeout, timeout)

@@ -1,9 +1,19 @@
-"""Sphinx configuration of the lesson site. Build it with ``python -m workshop_lib.site`` (see docs/index.md).
+"""Sphinx configuration of the lesson site. Build it with ``python -m tools.site`` (see docs/index.md).
 
 The episodes are the solution notebooks of notebooks/, rendered with their stored outputs and never
-executed (nbval already replays them); the extension workshop_lib.lab.site writes them into episodes/
-(git-ignored) before Sphinx reads anything. Nothing here reaches the network.
+executed (nbval already replays them); the site's own extension, ``_ext/lab_site.py``, writes them into
+episodes/ (git-ignored) before Sphinx reads anything. Nothing here reaches the network.
 """
+
+import sys
+from pathlib import Path
+
+# The extension (_ext/, Sphinx's convention for a project's own extensions) and the repository root: the
+# extension reads the notebooks' times with tools/budget.py. Neither is installed with the package.
+HERE = Path(__file__).resolve().parent
+for folder in (HERE / "_ext", HERE.parent):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 project = "Data-parallel training with PyTorch DDP"
 author = "the workshop's authors"
@@ -13,7 +23,7 @@ copyright = "the workshop's authors; code MIT, data CC0 1.0"
 # A git URL (``git clone URL``) or the address of an archive; until it is filled in, the pages say who sends it.
 repo_url = "the address your instructor sends you"
 
-extensions = ["sphinx_lesson", "sphinx.ext.githubpages", "workshop_lib.lab.site"]
+extensions = ["sphinx_lesson", "sphinx.ext.githubpages", "lab_site"]
 
 # MyST: ::: fences (sphinx-lesson's boxes around text that holds ``` code), $math$, heading anchors for links.
 myst_enable_extensions = ["colon_fence", "dollarmath", "deflist", "substitution"]

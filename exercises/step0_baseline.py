@@ -1,4 +1,4 @@
-# Generated from notebooks/00_baseline.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/00_baseline.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:step0_baseline, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 0: the single-process baseline.
@@ -28,10 +28,10 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
     totals = torch.zeros(2, device=device)
     for tokens, lengths, labels in loader:
         tokens, labels = tokens.to(device), labels.to(device)
-        # TODO: the batch's logits, their loss against `labels` (binary cross-entropy on logits), and one step of
-        #       `optimizer` with the gradients of this batch alone. Read: "Optimizing the model parameters" in the
-        #       PyTorch tutorials; torch.nn.functional.binary_cross_entropy_with_logits in the docs.
-        raise NotImplementedError("fill in the TODO above")
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
         totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
     return totals
 

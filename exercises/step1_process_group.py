@@ -1,4 +1,4 @@
-# Generated from notebooks/01_process_group.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/01_process_group.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
 # Edit the cells tagged script:step1_process_group, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
@@ -56,7 +56,7 @@ def setup(timeout: float) -> torch.device:
     """Join the process group that torchrun describes in the environment; return this process's device."""
     # TODO: on a GPU node: this process's GPU (its local rank picks it), made the current device, and the NCCL
     #       backend; else the CPU and Gloo. Join with a `timeout` in seconds. Read: section 2 above; in the torch
-    #       docs, torch.distributed.init_process_group (backend, timeout, device_id) and torch.cuda.set_device.
+    #       docs, torch.distributed.init_process_group (backend, timeout, device_id).
     raise NotImplementedError("fill in the TODO above")
     return device
 

@@ -1,4 +1,4 @@
-# Generated from notebooks/02_distributed_sampler.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/02_distributed_sampler.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
 # (and cells of notebooks/01_process_group.ipynb)
 # Edit the cells tagged script:step2_sampler, then rebuild.

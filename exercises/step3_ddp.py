@@ -1,4 +1,4 @@
-# Generated from notebooks/03_ddp.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/03_ddp.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
 # (and cells of notebooks/01_process_group.ipynb)
 # (and cells of notebooks/02_distributed_sampler.ipynb)
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
         torch.manual_seed(cfg.seed)
         model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
-        # TODO: wrap `model` so that backward() averages its gradients over the ranks: on a GPU, name this
-        #       process's device; a CPU model takes no device list. Read: "The wrapper" above;
+        # TODO: wrap `model` so that backward() averages its gradients over the ranks (on a GPU, naming this
+        #       process's device is recommended; a CPU model takes no device list). Read: "The wrapper" above;
         #       torch.nn.parallel.DistributedDataParallel (device_ids) in the torch docs.
         raise NotImplementedError("fill in the TODO above")
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -1,12 +1,12 @@
-# Generated from notebooks/05_when_it_hangs.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/05_when_it_hangs.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:hang1_rank0_only, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_....py --limit 447 --epochs 1 --timeout 8 \
-        --batch-size 32
+    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 60
 
-(``-m workshop_lib.watch`` attaches the hang watch; exercises/ holds the broken versions, solutions/ the fixed ones.
-The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.)
+exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose`
+in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_...`
+runs it with the hang watch attached. The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.
 """
 
 import os
@@ -52,7 +52,7 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
             loss.backward()
             optimizer.step()
             steps, total = steps + 1, total + loss.item()
-        spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
+        spread = replica_spread(model, world_size)  # the replicas' largest difference
         epoch_loss = torch.tensor([total / steps], device=device)  # (1,) this rank's mean training loss
         dist.all_reduce(epoch_loss)  # summed over the ranks
         if rank == 0:

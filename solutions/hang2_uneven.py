@@ -1,12 +1,12 @@
-# Generated from notebooks/05_when_it_hangs.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/05_when_it_hangs.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:hang2_uneven, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_....py --limit 447 --epochs 1 --timeout 8 \
-        --batch-size 32
+    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 60
 
-(``-m workshop_lib.watch`` attaches the hang watch; exercises/ holds the broken versions, solutions/ the fixed ones.
-The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.)
+exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose`
+in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_...`
+runs it with the hang watch attached. The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.
 """
 
 import os
@@ -34,7 +34,7 @@ def replica_spread(model: torch.nn.Module, world_size: int) -> float:
 
 def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
     splits = load_splits(cfg)
-    train_set = splits.train  # every molecule: the sampler deals them out
+    train_set = splits.train  # to train on
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=cfg.seed)
     loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate)
     dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
@@ -53,7 +53,7 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
             loss.backward()
             optimizer.step()
             steps, total = steps + 1, total + loss.item()
-        spread = replica_spread(model, world_size)  # an all_gather: every rank takes part
+        spread = replica_spread(model, world_size)  # the replicas' largest difference
         epoch_loss = torch.tensor([total / steps], device=device)  # (1,) this rank's mean training loss
         dist.all_reduce(epoch_loss)  # summed over the ranks
         if rank == 0:

@@ -1,4 +1,4 @@
-# Generated from notebooks/00_baseline.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/00_baseline.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:step0_baseline, then rebuild.
 """Step 0: the single-process baseline.
 

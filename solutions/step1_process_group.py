@@ -1,4 +1,4 @@
-# Generated from notebooks/01_process_group.ipynb by `python -m workshop_lib.build`: do not edit.
+# Generated from notebooks/01_process_group.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
 # Edit the cells tagged script:step1_process_group, then rebuild.
 """Step 1: a process group started by torchrun.

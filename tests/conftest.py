@@ -28,7 +28,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
-SHIPPED = REPO / "dataset" / "b3db_classification.csv"
+SHIPPED = REPO / "workshop_lib" / "dataset" / "b3db_classification.csv"  # package data
 
 # A few real molecules (from the shipped table), BBBP's column layout.
 BBBP_STYLE = """num,name,p_np,smiles

@@ -21,8 +21,9 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve: the chance that a random positive outscores a random negative.
 
     Computed from ranks (Mann-Whitney U; ties count one half), which equals
-    scikit-learn's ``roc_auc_score`` for 0/1 labels without importing it (over a
-    second of every rank's startup).
+    scikit-learn's ``roc_auc_score`` for 0/1 labels without importing it: scikit-learn
+    costs every rank up to a second of startup (workshop_lib/split.py), so it is not a
+    dependency; tests/unit/core/test_metrics.py compares the two (the dev extra).
     """
     labels, scores = np.asarray(labels), np.asarray(scores, dtype=np.float64)
     pos = labels == 1

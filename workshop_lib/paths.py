@@ -1,4 +1,11 @@
-"""Where the project's files are, and writing files that are never half there (snapshots, metrics.json)."""
+"""Where the workshop's files are, and writing files that are never half there (snapshots, metrics.json).
+
+The package works installed as well as from the clone: the shipped dataset is
+package data (:data:`DEFAULT_DATA`), and runs go under the current folder
+(``--out runs/latest``, relative). The lab's instruments that need the clone
+(the notebooks, the solutions, the exercises, a learner's ``runs/mine``) find it
+from the current folder with :func:`lab_root`, never from where the package lies.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,34 @@ import os
 import tempfile
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # the clone: dataset/, notebooks/, runs/
-DEFAULT_DATA = REPO_ROOT / "dataset" / "b3db_classification.csv"
+from workshop_lib.errors import WorkshopError
+
+PACKAGE = Path(__file__).resolve().parent  # workshop_lib/, in the clone or in site-packages
+DEFAULT_DATA = PACKAGE / "dataset" / "b3db_classification.csv"  # B3DB, shipped in the wheel (package data)
+CLONE_MARKS = ("notebooks", "solutions")  # the folders that make a folder the workshop's clone
+
+
+def _is_clone(folder: Path) -> bool:
+    return all((folder / mark).is_dir() for mark in CLONE_MARKS)
+
+
+def lab_root(start: str | os.PathLike | None = None) -> Path:
+    """The workshop's clone, found from the current folder (or ``start``): the clone's files and ``runs/`` live here.
+
+    The first of the folder and its parents that holds notebooks/ and solutions/;
+    else the folder itself (an installed package, started elsewhere: runs go there).
+    """
+    here = Path(start if start is not None else Path.cwd()).resolve()
+    return next((folder for folder in (here, *here.parents) if _is_clone(folder)), here)
+
+
+def clone_root(what: str, start: str | os.PathLike | None = None) -> Path:
+    """:func:`lab_root`, for ``what`` that needs the clone itself; else a one-line WorkshopError saying so."""
+    root = lab_root(start)
+    if not _is_clone(root):
+        raise WorkshopError(f"{what} needs the workshop's clone (a folder with notebooks/ and solutions/), and "
+                            f"{root} is not in one: cd into your clone of the workshop and run it again")
+    return root
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -19,12 +19,19 @@ from workshop_lib.data import Splits
 from workshop_lib.errors import InputError
 from workshop_lib.metrics import BestModel, write_metrics
 from workshop_lib.model import count_parameters
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import PACKAGE, lab_root
 
 
 def shown(text: str | Path) -> str:
-    """``text`` with the repository's absolute path dropped: printed lines read the same on every machine."""
-    return str(text).replace(f"{REPO_ROOT}{os.sep}", "")
+    """``text`` without the package's folder and the clone's (else the current folder's) absolute path.
+
+    Printed lines read the same on every machine: the shipped dataset reads
+    ``workshop_lib/dataset/b3db_classification.csv`` installed or not, a run's folder ``runs/...``.
+    """
+    text = str(text)
+    for folder in (PACKAGE.parent, lab_root()):
+        text = text.replace(f"{folder}{os.sep}", "")
+    return text
 
 
 def prepare_out_dir(out: Path) -> Path:

@@ -26,7 +26,7 @@ import nbformat
 import pytest
 
 from tests.conftest import REPO, cpu_env
-from workshop_lib.lab import jupyter_settings
+from tools import jupyter_settings
 from workshop_lib.lab.launch import free_port
 
 # 02 has both kinds of rich output: launch.torchrun's epoch bar (a widget) and matplotlib figures.
@@ -83,7 +83,7 @@ class Lab:
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         settings = home / "settings"
         # Every cell in the DOM (no windowing), and no autosave races. No news prompt nor update check: that comes
-        # from the lab's own settings, as a learner gets them (lab/jupyter_settings.py), not from here.
+        # from the lab's own settings, as a learner gets them (tools/jupyter_settings.py), not from here.
         jupyter_settings.install(home / "lab-config")
         for name, value in {
             "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},

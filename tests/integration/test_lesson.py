@@ -10,28 +10,53 @@ the model in DDP; the group is always left, in a ``finally``.
 from __future__ import annotations
 
 import ast
-import re
+import sys
 
+import nbformat
 import pytest
 
 from tests.conftest import REPO, SOLUTIONS
 
 STEPS = sorted(p.stem for p in SOLUTIONS.glob("step*.py"))
+SCRIPTS = sorted(p.stem for p in SOLUTIONS.glob("*.py"))  # the steps and the hang labs' scripts
 DISTRIBUTED = [s for s in STEPS if not s.startswith("step0")]
 TOOLS = ("workshop_lib.distributed", "workshop_lib.debug", "workshop_lib.checks", "workshop_lib.lab",
          "workshop_lib.scaling", "workshop_lib.watch")
+# The course's tooling, outside the package: tools/ and the site's extension (docs/_ext/, on Sphinx's path).
+COURSE_TOOLING = ("tools", *(p.stem for p in (REPO / "docs" / "_ext").glob("*.py")))
 
 
 def core_modules() -> set[str]:
-    """The core, as the import-linter contract in pyproject.toml names it (what the step scripts teach from)."""
-    text = (REPO / "pyproject.toml").read_text()  # (tomllib is Python 3.11+; the project runs on 3.10)
-    contract = next(c for c in text.split("[[tool.importlinter.contracts]]") if 'type = "forbidden"' in c
-                    and '"workshop_lib.model"' in c.split("forbidden_modules")[0])
-    return set(re.findall(r'"(workshop_lib\.\w+)"', contract.split("source_modules", 1)[1].split("]", 1)[0]))
+    """The core, as pyproject.toml's import-linter contract names it: the lowest layer of workshop_lib."""
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")  # pytest brings tomli on 3.10
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contract = next(c for c in config["contracts"] if c.get("containers") == ["workshop_lib"])
+    assert contract.get("exhaustive"), "the contract over workshop_lib must be exhaustive: no module outside a layer"
+    return {f"workshop_lib.{name.strip()}" for name in contract["layers"][-1].split(":")}
+
+
+def package_modules() -> set[str]:
+    """Every module and package of workshop_lib (what the wheel holds): the core and the instruments."""
+    found = set()
+    for path in (REPO / "workshop_lib").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
 
 
 def tree(step: str) -> ast.Module:
     return ast.parse((SOLUTIONS / f"{step}.py").read_text(), filename=f"{step}.py")
+
+
+def imports(module: ast.Module) -> set[str]:
+    """Every module ``module`` imports; ``from a import b`` counts as ``a.b`` (b may be a module) and as ``a``."""
+    found = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
 
 
 def calls(node: ast.AST, name: str) -> list[ast.Call]:
@@ -45,24 +70,43 @@ def calls(node: ast.AST, name: str) -> list[ast.Call]:
 
 def workshop_imports(module: ast.Module) -> set[str]:
     """Every workshop_lib module the script imports (``from workshop_lib import x`` counts as workshop_lib.x)."""
+    modules = package_modules()
+    return {m for m in imports(module) if m in modules and m != "workshop_lib"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_it_imports_only_the_core_from_workshop_lib(script):
+    imported = workshop_imports(tree(script))
+    assert imported, "a script of solutions/ uses the workshop's data and model"
+    assert not [m for m in imported if m.startswith(TOOLS)], imported
+    assert imported <= core_modules(), imported - core_modules()
+    assert not {m.split(".")[0] for m in imports(tree(script))} & set(COURSE_TOOLING)
+
+
+def notebook_imports(path) -> set[str]:
+    """What a notebook's code cells import, read after IPython turns its magics (``%%writefile``, ``!cmd``) into
+    Python, as the kernel does."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    python = TransformerManager()
     found = set()
-    for node in ast.walk(module):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("workshop_lib")}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workshop_lib"):
-            if node.module == "workshop_lib":
-                found |= {f"workshop_lib.{a.name}" for a in node.names}
-            else:
-                found.add(node.module)
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type == "code":
+            found |= imports(ast.parse(python.transform_cell(cell.source), filename=f"{path.name} cell {i}"))
     return found
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_it_imports_only_the_core_from_workshop_lib(step):
-    imported = workshop_imports(tree(step))
-    assert imported, "a step script uses the workshop's data and model"
-    assert not [m for m in imported if m.startswith(TOOLS)], imported
-    assert imported <= core_modules(), imported - core_modules()
+@pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("[0-9][0-9]*_*.ipynb")), ids=lambda p: p.name)
+def test_a_notebook_imports_only_the_package_never_the_course_tooling(path):
+    """The core and the instruments, which the wheel holds; never tools/ or the site's extension."""
+    imported = notebook_imports(path)
+    ours = {m for m in imported if m.split(".")[0] == "workshop_lib"}
+    assert ours, f"{path.name} imports nothing of workshop_lib"
+    modules = package_modules()
+    not_modules = {m for m in ours if m not in modules and m.rsplit(".", 1)[0] not in modules}
+    assert not not_modules, f"{path.name} imports what the package does not hold: {sorted(not_modules)}"
+    tooling = sorted(m for m in imported if m.split(".")[0] in COURSE_TOOLING)
+    assert not tooling, f"{path.name} imports the course's tooling, which is not installed: {tooling}"
 
 
 @pytest.mark.parametrize("step", DISTRIBUTED)

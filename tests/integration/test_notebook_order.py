@@ -17,11 +17,11 @@ import nbformat
 import pytest
 import torch
 
+from tests.conftest import REPO
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import forklaunch
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.lab import forklaunch, spawning
 
-NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 SAFE_CUDA = {"is_available", "device_count", "is_initialized"}  # these do not initialise CUDA
 
@@ -100,6 +100,7 @@ def test_the_order_check_catches_an_in_kernel_run_before_a_fork():
 
 def test_notebook_launch_refuses_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as after any CUDA work in the kernel
+    monkeypatch.setenv(spawning.START_METHOD, "fork")  # fork's refusal: a spawned rank may use CUDA
     with pytest.raises(WorkshopError, match="restart the kernel") as err:
         forklaunch.notebook_launch(lambda env: None, 2)
     assert "\n" not in str(err.value)

@@ -1,6 +1,6 @@
 """The lesson site builds from the repository, warning-free and offline; its links resolve; a browser shows it.
 
-One build (``python -m workshop_lib.site``, as a user runs it, into a temporary folder) serves every test
+One build (``python -m tools.site``, as a user runs it, into a temporary folder) serves every test
 here. The browser test uses the headless Chromium and playwright of tests/integration/test_jupyterlab.py
 (the system's Chromium, never ``playwright install``); without them it skips.
 """
@@ -18,7 +18,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.integration.test_jupyterlab import ARTIFACTS, CHROMIUM_ARGS, _chromium, _expected_outputs
-from workshop_lib.lab import episodes, sitelinks
+from tools import sitelinks
+from tools.site import episodes
 
 pytestmark = pytest.mark.slow  # a Sphinx build in a child process, a browser
 BUILD_LIMIT_S = 90  # about a minute on 2 cores, with room for a loaded machine
@@ -29,7 +30,7 @@ def site(tmp_path_factory) -> Path:
     """The built site's folder (the build's output is kept in site.log beside it)."""
     out = tmp_path_factory.mktemp("site") / "html"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "workshop_lib.site", "--out", str(out), "--fresh"],
+    proc = subprocess.run([sys.executable, "-m", "tools.site", "--out", str(out), "--fresh"],
                           capture_output=True, text=True, timeout=180, cwd=REPO)
     seconds = time.monotonic() - start
     (out.parent / "site.log").write_text(proc.stdout + proc.stderr)

@@ -1,4 +1,4 @@
-"""Every stated time agrees with the count (lab/budget.py), the core path fits a 3-hour lab, the README agrees.
+"""Every stated time agrees with the count (tools/budget.py), the core path fits a 3-hour lab, the README agrees.
 
 The count: markdown words/150 + code lines/15 + 4 min per exercise + the cells' measured run time. A
 stated time may be off by a third of the count (after rounding to whole minutes), no more.
@@ -10,8 +10,7 @@ import re
 
 import pytest
 
-from workshop_lib.lab import budget, build
-from workshop_lib.paths import REPO_ROOT
+from tools import ROOT, budget, build
 
 CORE = ("00_", "01_", "02_", "03_")  # the 3-hour lab: about 2 hours of work, an hour for set-up, talk, a break
 
@@ -24,20 +23,20 @@ def counts() -> list[budget.Count]:
 def test_each_notebook_and_section_states_the_time_it_counts(path):
     c = budget.count(path)
     wrong = [why for why in [c.off()] + [part.off() for part in c.parts] if why]
-    assert not wrong, f"{path.name}: " + "; ".join(wrong) + " (python -m workshop_lib.build --times)"
+    assert not wrong, f"{path.name}: " + "; ".join(wrong) + " (python -m tools.build --times)"
 
 
 def test_the_core_path_fits_the_lab():
     core = [c for c in counts() if c.title.startswith(CORE)]
     assert [c.title[:3] for c in core] == list(CORE)
     minutes = sum(c.minutes for c in core)
-    exercises = sum(c.exercises for c in core)
-    assert minutes <= 100, f"00 to 03 count {minutes:.0f} min, more than 100"
-    assert exercises >= 10, f"00 to 03 hold {exercises} exercises, fewer than 10"
+    distributed = sum(c.exercises for c in core if not c.title.startswith("00"))  # 00 is a tour of the baseline
+    assert minutes <= 110, f"00 to 03 count {minutes:.0f} min, more than the 110 a 3-hour session leaves for the lab"
+    assert distributed >= 9, f"01 to 03 hold {distributed} exercises that write distributed lines, fewer than 9"
 
 
 def test_the_readme_schedule_states_what_the_notebooks_state():
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     for c in counts():
         row = re.search(rf"^\| `{re.escape(c.title)}` \|.*\| ~(\d+) min \|", readme, re.M)
         assert row, f"README.md's schedule has no row for {c.title} ending in '| ~N min |'"

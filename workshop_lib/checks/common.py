@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workshop_lib.errors import first_line
+from workshop_lib.errors import WorkshopError, first_line
 
 
 class CheckFailed(AssertionError):
@@ -54,7 +54,10 @@ def _call(fn: Callable, name: str, *args):
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
                  hang_after: float | None = None,
                  fix: str = "every rank must call every collective, in the same order") -> list:
-    """``fn(env, *args)`` on ``nprocs`` forked ranks; a failure or a hang becomes one CheckFailed line.
+    """``fn(env, *args)`` on ``nprocs`` ranks; a failure or a hang becomes one CheckFailed line.
+
+    The ranks are :func:`~workshop_lib.lab.forklaunch.notebook_launch`'s: forked on Linux, else spawned
+    with ``fn`` and ``args`` (the learner's functions among them) sent by value.
 
     ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
     ``fix``: what the line tells the learner to do about a hang.
@@ -77,3 +80,5 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
         raise CheckFailed(f"a rank failed: {first_line(err, 10_000)}") from None
+    except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
+        raise CheckFailed(str(err)) from None

@@ -195,3 +195,19 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
         if r["outcome"] != "ok":
             raise CheckFailed(f"rank {r['rank']}: {r['outcome']}")
     _passed(f"{fn.__name__}: each of {nprocs} ranks contributed rank + 1, all_reduce(SUM) left {expected:g} on every rank")
+
+
+def collectives_prediction(predicted: dict, results: list[dict], rank: int = 1) -> None:
+    """Compare the learner's prediction of ``rank``'s results (a list per collective) with what the ranks returned.
+
+    Said with a tick or a cross per collective, never raised: a guess is not a bug, and Run All goes on.
+    """
+    from workshop_lib.checks.common import _missed
+
+    got = {name: [round(v, 6) for v in results[rank][name].tolist()] for name in predicted}
+    if all(value is None for value in predicted.values()):
+        _missed(f"no prediction to compare: fill in `predicted` before the run; rank {rank} got {got}")
+        return
+    for name, guess in predicted.items():
+        right = guess is not None and [float(v) for v in guess] == got[name]
+        (_passed if right else _missed)(f"{name}: you predicted {guess}, rank {rank} got {got[name]}")

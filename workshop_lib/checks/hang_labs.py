@@ -1,185 +1,82 @@
-"""The hang lab of notebooks/05_when_it_hangs.ipynb: the broken runs, the learner's reading of them, the fixes.
+"""The hang labs of notebooks/05_when_it_hangs.ipynb: what the learner predicts, reads and fixes, judged.
 
-Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train()`` cell holds one classic
-bug: as it is in the exercise notebook, in a BROKEN block above the fix in the solution notebook
-(:mod:`workshop_lib.lab.build`). The lab's cells, as the learner last ran them, run in a fresh namespace
-(under the names ``shared-cell`` and ``train-cell``, so that line numbers are the cells' own) and
-``train()`` runs on two forked ranks, with the hang watch installed by the fork launcher
-(:func:`workshop_lib.lab.forklaunch.notebook_launch`'s ``hang_after``): the lab's code holds no line of it.
-In a terminal the same scripts run as ``torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_....py``.
-
-* :func:`run_broken` runs the cells' exercise form and prints what the watch says (or each rank's error);
-* :func:`check_prediction` and :func:`check_reading` compare the learner's answer (the line of ``train()``
-  where each rank waits, and why) with the watch's saved record of that run;
-* :func:`check_fix` runs the learner's fix and passes when it trains correctly: every rank ran the same
-  number of optimizer steps, and the replicas' weights are equal at the end (measured here, not by the lab).
+Every lab is a reading. Before the run the learner predicts which line of ``train()`` each rank will wait at
+(or raise at) and why (:func:`predict` keeps it); the run (:func:`run_broken`, or :func:`run_in_terminal`)
+prints what the hang watch says, or torch's own error whole; :func:`check_prediction` then says which parts of
+the prediction were right, without the answer, and :func:`check_reading` checks the learner's reading of the
+diagnosis. Both compare with the run's record (the watch's saved block for a hang, each rank's traceback for
+an error), never with an answer written here. :func:`check_fix` runs the learner's fix and passes when it
+trains correctly. The runs themselves are :mod:`workshop_lib.checks.hang_runs`'.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.checks.common import CheckFailed, _missed, _passed
-from workshop_lib.config import TrainConfig
-from workshop_lib.debug import hangreport
-from workshop_lib.errors import WorkshopError, first_sentence
-from workshop_lib.lab import build, sequences
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.checks.hang_runs import (  # noqa: F401 (the notebook's and the tests' names for them)
+    BATCH,
+    HANG_AFTER,
+    NOTEBOOK,
+    TIMEOUT,
+    TRAIN_CELL,
+    Run,
+    deadlocked,
+    launch,
+    load,
+    terminal,
+    terminal_command,
+    train_offset,
+)
+from workshop_lib.lab import sequences
 
-NOTEBOOK = "05_when_it_hangs.ipynb"
-# Seconds a collective may wait before the watch explains it: a broken run's steps take milliseconds, and a wait
-# that turns out not to be a deadlock is run again with a longer threshold; a fix's run must not be cut short.
-HANG_AFTER, FIX_HANG_AFTER = 1.5, 8.0
-TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
-# Each lab's batch size: 16 makes 6 and 5 batches of lab 2's uneven shards (81 and 80 molecules); BatchNorm needs
-# no batch of 1 (lab 4: shards of 161).
-BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 16, "hang3_shapes": 32, "hang4_batchnorm_eval": 48,
-         "hang5_unused": 32}
-TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
 WHY = {
     "skipped": "one rank calls a collective that the other rank skips",
     "batches": "one rank has a batch more: its backward() all-reduces gradients that the other rank never sends",
     "shapes": "the ranks call the same collective with tensors of different shapes",
+    "unused": "a parameter gets no gradient, so DDP's reduction of the step never finishes",
 }
+# What an error says about its cause: a piece of torch's message, and the key of WHY it shows.
+_ERROR_CAUSES = {"Expected to have finished reduction in the prior iteration": "unused"}
 
 
 @dataclass
-class Run:
-    """How one lab run ended: finished (each rank's measures), hung (the watch's record), or failed (errors)."""
-
-    name: str
-    results: list[dict] | None = None  # per rank: {"steps", "spread", "wrapper"} when every rank finished
-    record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
-    errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it
-    timed_out: bool = False
+class Prediction:
+    waits: dict[int, object]
+    why: str
+    made: float  # time.time() when it was kept
 
 
-def _lab(name: str) -> str:
-    if name not in BATCH:
-        raise WorkshopError(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
-    return name
+_predictions: dict[str, Prediction] = {}  # lab -> the learner's prediction, as kept before its run
+_runs_started: dict[str, float] = {}  # lab -> when its broken run last started
 
 
-def _cells(name: str, notebook: str | Path) -> list[tuple[str, str]]:
-    """(name to run it under, source as last run, else as saved) of each code cell of lab ``name``."""
-    import nbformat
+def _same_but_rank(a: str, b: str) -> bool:
+    import re
 
-    path = Path(notebook) if Path(notebook).is_file() else build.NOTEBOOKS / NOTEBOOK
-    cells = [c for c in nbformat.read(path, as_version=4).cells
-             if c.cell_type == "code" and name in build.script_names(c)]
-    if not cells:
-        raise WorkshopError(f"{path.name} has no code cell tagged {build.SCRIPT_TAG}{name}")
-    return [(TRAIN_CELL if "def train(" in c.source else SHARED_CELL, build._ran.get(c.get("id"), c.source))
-            for c in cells]
-
-
-def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> dict:
-    """Lab ``name``'s cells run into a fresh namespace: their exercise form (``broken``, the bug) or solution form.
-
-    ``edit`` changes the train() cell's text first (tests use it to try a learner's fix).
-    """
-    namespace: dict = {"__name__": f"lab_{name}"}
-    for label, source in _cells(_lab(name), notebook):
-        text = build.exercise_source(source, label) if broken else build.solution_source(source, label)
-        text = edit(text) if edit and label == TRAIN_CELL else text
-        linecache.cache[label] = (len(text), None, text.splitlines(keepends=True), label)  # the watch shows lines
-        exec(compile(text, label, "exec"), namespace)
-    if not callable(namespace.get("train")):
-        raise WorkshopError(f"lab {name}'s cells define no train(); run its cell as it was given")
-    return namespace
-
-
-def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
-    """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.optim.optimizer import register_optimizer_step_post_hook
-
-    steps, params, wrapper = 0, [], []
-
-    def count(optimizer, args, kwargs):
-        nonlocal steps
-        steps += 1
-        params[:] = [p for group in optimizer.param_groups for p in group["params"]]
-
-    os.chdir(REPO_ROOT)  # file names in the watch's report relative to the repository, as in a terminal
-    evaluate = train.__globals__.get("evaluate")
-    if callable(evaluate):  # this rank's copy of the lab's namespace: which model does evaluate() get?
-        def spy(model, *args, **kwargs):
-            wrapper.append(isinstance(model, DistributedDataParallel))
-            return evaluate(model, *args, **kwargs)
-        train.__globals__["evaluate"] = spy
-    hook = register_optimizer_step_post_hook(count)
-    try:
-        train(cfg, env.rank, env.world_size, env.device)
-    finally:
-        hook.remove()
-    mine = torch.nn.utils.parameters_to_vector(params).detach() if params else torch.zeros(0)  # (P,)
-    sizes: list = [None] * env.world_size
-    dist.all_gather_object(sizes, mine.numel())
-    spread = None
-    if len(set(sizes)) == 1 and sizes[0]:
-        everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
-        dist.all_gather(everyone, mine)
-        spread = max((w - everyone[0]).abs().max().item() for w in everyone)
-    return {"steps": steps, "spread": spread, "wrapper": any(wrapper)}
-
-
-def deadlocked(record: list[dict]) -> bool:
-    """Does the watch's record show a deadlock: every rank in a call, and not all in the same one?
-
-    Otherwise a rank was only slow to come (a busy machine): the wait would have ended.
-    """
-    now = [a.get("current") for a in sequences.answers(record).values()]
-    calls = {(c["op"], c["seq"], c["tensors"]) for c in now if c}
-    return all(now) and len(calls) > 1
-
-
-def _launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
-    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
-
-    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
-    from workshop_lib.lab.launch import LaunchError
-
-    train = load(name, broken, notebook, edit)["train"]
-    cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
-    for hang_after in (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,):
-        try:
-            return Run(name, results=notebook_launch(_rank, 2, train, cfg, timeout=TIMEOUT, hang_after=hang_after))
-        except HangError as err:
-            run = Run(name, record=hangreport.load(err.record))
-            if not broken or deadlocked(run.record):
-                return run
-        except LaunchTimeout:
-            return Run(name, timed_out=True)
-        except LaunchError as err:
-            return Run(name, errors=_errors(str(err)))
-    return run
-
-
-def _errors(message: str) -> dict[int, str]:
-    """{rank: its error, first sentence} from notebook_launch's failure lines ('rank 0 raised X: ... (File ...)')."""
-    found = {}
-    for line in message.splitlines():
-        if line.startswith("rank ") and " raised " in line:
-            rank, error = line[5:].split(" raised ", 1)
-            found[int(rank)] = first_sentence(error.split(" (File ")[0], 200)
-        elif line.startswith("rank ") and " failed with " in line:
-            found[int(line.split()[1])] = line.split(" failed with ", 1)[1]
-    return found
+    return re.sub(r"\brank \d+", "rank N", a) == re.sub(r"\brank \d+", "rank N", b)
 
 
 def run_broken(name: str, notebook: str | Path = NOTEBOOK) -> Run:
     """Run lab ``name``'s train() as its cell gives it on 2 forked ranks; print what the watch (or each error) says."""
-    run = _launch(_lab(name), broken=True, notebook=notebook)
+    run = launch(name, broken=True, notebook=notebook)
+    _runs_started[name] = run.started
     if run.record:
         print("the job hangs; the ranks were stopped once the hang watch had printed:")
         print("\n".join(f"  {line}" for line in run.record[0]["block"]))
+    elif run.raised:
+        print("the job failed; where each rank raised its error:")
+        print("\n".join(f"  rank {r}: {TRAIN_CELL}:{line} in train(): {code}"
+                        for r, (line, code) in sorted(run.raised.items())))
+        shown = min(run.messages) if run.messages else None
+        if shown is not None:
+            same = [r for r in sorted(run.messages) if r != shown and _same_but_rank(run.messages[r], run.messages[shown])]
+            also = f" (rank {', '.join(map(str, same))}'s is the same, with its own rank)" if same else ""
+            print(f"rank {shown}'s error, whole{also}:")
+            print("\n".join(f"  {line}" for line in run.messages[shown].splitlines()))
     elif run.errors:
         by_error = {e: [r for r, x in sorted(run.errors.items()) if x == e] for e in run.errors.values()}
         print("the job failed:\n" + "\n".join(f"  {e} (rank {', '.join(map(str, rs))})" for e, rs in by_error.items()))
@@ -190,21 +87,39 @@ def run_broken(name: str, notebook: str | Path = NOTEBOOK) -> Run:
     return run
 
 
-# ----------------------------------------------------------------------- the learner's reading of the diagnosis
+def run_in_terminal(name: str) -> Run:
+    """Lab ``name``'s exercise script under torchrun, as in a terminal: the stacks while it hangs, then torch's error."""
+    run = terminal(name)
+    _runs_started[name] = run.started
+    return run
+
+
+# ----------------------------------------------------------------------- the learner's reading of the run
 
 
 def waiting_lines(run: Run) -> dict[int, tuple[int, str]]:
-    """{rank: (line, code)}: the line of the train() cell where each rank waits, from the watch's record."""
+    """{rank: (line, code)}: the line of train() where each rank waits (the watch's record) or raised (its traceback).
+
+    A terminal run's frames are in the lab script: its lines count from its ``def train(`` line, as the cell's do.
+    """
+    if not run.record:
+        return dict(run.raised)
+    before = train_offset(run.script) if run.script else 0
     found = {}
     for rank, answer in sequences.answers(run.record).items():
-        mine = [f for f in answer["frames"] if f[0] == TRAIN_CELL]
+        mine = [f for f in answer["frames"] if f[0] == TRAIN_CELL or
+                (run.script and f[2] == "train" and Path(f[0]).name == Path(run.script).name)]
         if mine:
-            found[rank] = (mine[-1][1], mine[-1][3].split("  # ")[0])
+            line = mine[-1][1] - (before if mine[-1][0] != TRAIN_CELL else 0)
+            found[rank] = (line, mine[-1][3].split("  # ")[0])
     return found
 
 
-def why(run: Run) -> str:
-    """The key of :data:`WHY` that the record shows: the collective each rank is in, compared."""
+def why(run: Run) -> str | None:
+    """The key of :data:`WHY` that the run shows: the collective each rank is in, compared; or what the error says."""
+    if not run.record:
+        said = " ".join(run.messages.values()) or " ".join(run.errors.values())
+        return next((key for piece, key in _ERROR_CAUSES.items() if piece in said), None)
     now = [a.get("current") or {} for a in sequences.answers(run.record).values()]
     ops = {c.get("op") for c in now}
     if len(ops) == 1 and len({c.get("seq") for c in now}) == 1 and len({c.get("tensors") for c in now}) > 1:
@@ -212,47 +127,86 @@ def why(run: Run) -> str:
     return "batches" if "backward" in ops and len(ops) > 1 else "skipped"
 
 
-def _matches(given: object, line: int, code: str) -> bool:
-    """A line number of the train() cell, or a piece of that line's code (4 characters at least)."""
+def _matches(given: object, line: int, code: str, script_line: int | None = None) -> bool:
+    """A line number of the train() cell (or of the script, for a terminal run), or a piece of that line's code."""
     if isinstance(given, int) and not isinstance(given, bool):
-        return given == line
+        return given in (line, script_line)
     return isinstance(given, str) and len(given.strip()) >= 4 and given.strip() in code
 
 
 def _compare(run: Run, waits: dict[int, object], reason: str) -> list[tuple[bool, str]]:
-    """(right, what to say) for each rank's line and for the reason."""
-    if not run.record:
-        raise CheckFailed("this run did not hang, so there is no diagnosis to compare with: run the broken cell first")
+    """(right, what to say) for each rank's line and for the reason; what is wrong is named, not its answer."""
+    if not run.record and not run.raised:
+        raise CheckFailed("this run neither hung nor raised in train(), so there is nothing to compare with: run the "
+                          "broken cell first")
+    if not isinstance(waits, dict):
+        raise CheckFailed(f"give where each rank waits as {{rank: line}}, e.g. {{0: 12, 1: 'dist.all_reduce('}}; "
+                          f"got {waits!r}")
+    where = "waits" if run.record else "raises its error"
+    before = train_offset(run.script) if run.script else None
     said = []
     for rank, (line, code) in sorted(waiting_lines(run).items()):
         given = waits.get(rank)
-        if _matches(given, line, code):
-            said.append((True, f"rank {rank} waits at line {line} of train(): {code}"))
+        if _matches(given, line, code, None if before is None else line + before):
+            said.append((True, f"rank {rank} {where} at line {line} of train(): {code}"))
         elif given is None:
-            said.append((False, f"rank {rank} waits too, at line {line} of train(): {code} (a rank that skips a "
-                                f"collective runs on to its next one, and waits there)"))
+            said.append((False, f"rank {rank} {where} too: you gave no line for it"))
         else:
-            said.append((False, f"rank {rank} waits at line {line} of train() ({code}), not at {given!r}"))
+            said.append((False, f"rank {rank}: not at {given!r}"))
     truth = why(run)
-    if reason == truth:
-        said.append((True, f"{truth!r}: {WHY[truth]}"))
-    else:
-        said.append((False, f"why: the record shows {truth!r} ({WHY[truth]}), not {reason!r}"))
+    said.append((True, f"{truth!r}: {WHY[truth]}") if truth is not None and reason == truth else
+                (False, f"why: not {reason!r}"))
     return said
 
 
-def check_prediction(run: Run, waits: dict[int, object], reason: str) -> None:
-    """Your prediction (made before the run) against the watch's record: what was right, what was not."""
-    for right, text in _compare(run, waits, reason):
+def predict(name: str, waits: dict[int, object], reason: str) -> None:
+    """Keep your prediction for lab ``name``, before its run: {rank: line of train(), or a piece of it}, and why."""
+    if name not in BATCH:
+        raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
+    if reason not in WHY:
+        raise CheckFailed(f"why: {reason!r} is not a key of hang_labs.WHY; pick one of {', '.join(map(repr, WHY))}")
+    if not isinstance(waits, dict) or not waits:
+        raise CheckFailed(f"give where each rank will wait as {{rank: line}}, e.g. {{0: 12, 1: 'dist.all_reduce('}}; "
+                          f"got {waits!r}")
+    kept = _predictions.get(name)
+    if kept is not None and kept.made < _runs_started.get(name, 0.0):
+        print(f"the prediction you made before {name}'s run stays kept; check what you read with "
+              f"hang_labs.check_reading(run, waits, why)")
+        return
+    _predictions[name] = Prediction(dict(waits), reason, time.time())
+    each = ", ".join(f"rank {r} at {w!r}" for r, w in sorted(waits.items()))
+    print(f"prediction kept for {name}: {each}; why: {reason!r}")
+
+
+def check_prediction(run: Run, waits: dict[int, object] | None = None, reason: str | None = None) -> None:
+    """Your prediction (kept by :func:`predict` before the run, or given here) against the run's record.
+
+    Says what was right (✓) and what was not (✗), without the answer: the diagnosis has it.
+    """
+    if waits is None:
+        kept = _predictions.get(run.name)
+        if kept is None or kept.made > run.started:
+            raise CheckFailed(f"no prediction was kept for {run.name} before this run: run its prediction cell "
+                              f"(hang_labs.predict), then the job again")
+        waits, reason = kept.waits, kept.why
+    said = _compare(run, waits, reason)
+    for right, text in said:
         (_passed if right else _missed)(text)
+    if not all(right for right, _ in said):
+        print("for what is ✗: read the diagnosis (where each rank is, and the call it is in), then check your reading")
 
 
 def check_reading(run: Run, waits: dict[int, object], reason: str) -> None:
-    """Your reading of the diagnosis (the line where each rank waits, and why) against the watch's record."""
+    """Your reading of the run (the line where each rank waits or raises, and why) against its record."""
     said = _compare(run, waits, reason)
     wrong = next((text for right, text in said if not right), None)
     if wrong:
-        raise CheckFailed(f"{wrong}: read the diagnosis again ('where each rank is', and the collective each is in)")
+        raise CheckFailed(f"{wrong}: read the diagnosis again (where each rank is, and the call it is in; for an "
+                          f"error, each rank's line and torch's message)")
+    kept = _predictions.get(run.name)
+    if kept is not None and kept.made <= run.started and (kept.waits, kept.why) == (waits, reason):
+        _passed("your reading is your prediction, and the record agrees with every part")
+        return
     for _, text in said:
         _passed(text)
 
@@ -285,12 +239,16 @@ def verdict(run: Run) -> tuple[bool, str]:
     if any(r["wrapper"] for r in run.results):
         return False, ("it trains, but evaluate() still gets the DDP wrapper, whose forward may start a collective "
                        "on the one rank that evaluates: evaluate the model inside it")
-    return True, f"both ranks ran {steps[0]} optimizer steps, and their replicas are equal (spread 0): it trains correctly"
+    said = f"both ranks ran {steps[0]} optimizer steps, and their replicas are equal (spread 0): it trains correctly"
+    if any(r.get("find_unused") for r in run.results):
+        said += ("; find_unused_parameters=True pays in every step (a walk of the autograd graph and one more "
+                 "all-reduce), where freezing or removing a part that no loss uses is free")
+    return True, said
 
 
 def check_fix(name: str, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> None:
     """Run your train() of lab ``name`` (its cells as you ran them) on 2 ranks; ✓ when it trains correctly."""
-    ok, said = verdict(_launch(_lab(name), broken=False, notebook=notebook, edit=edit))
+    ok, said = verdict(launch(name, broken=False, notebook=notebook, edit=edit))
     if not ok:
         raise CheckFailed(said)
     _passed(said)

@@ -22,7 +22,7 @@ from pathlib import Path
 from workshop_lib.checks.common import CheckFailed, _passed
 from workshop_lib.lab.launch import free_port
 from workshop_lib.lab.processes import kill_tree
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import lab_root
 
 TORCHRUN = ("torchrun", "python -m torch.distributed.run", "python3 -m torch.distributed.run")
 
@@ -100,7 +100,7 @@ def run_here(args, timeout: float = 60) -> list[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", *_flags_here(args.flags, endpoint),
             "-m", "workshop_lib.checks.nodes"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    agents = [subprocess.Popen(argv, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE,
+    agents = [subprocess.Popen(argv, cwd=lab_root(), env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, start_new_session=True) for _ in range(2)]
     deadline = time.monotonic() + timeout
     outputs = []

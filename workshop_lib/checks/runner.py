@@ -33,7 +33,7 @@ import numpy as np
 from workshop_lib.debug import hangreport
 from workshop_lib.lab.launch import free_port
 from workshop_lib.lab.processes import kill_tree
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import lab_root
 
 WORLD = 2
 LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
@@ -105,7 +105,7 @@ def _start(items: Sequence[Item], workdir: Path, first: int) -> list[subprocess.
                    CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
         with open(workdir / f"rank{rank}.log", "a") as log:
             procs.append(subprocess.Popen([sys.executable, "-m", "workshop_lib.checks.rank", str(manifest)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                          stdout=log, stderr=subprocess.STDOUT, cwd=lab_root(),
                                           start_new_session=True))
     return procs
 

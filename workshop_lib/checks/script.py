@@ -31,14 +31,16 @@ from pathlib import Path
 from workshop_lib.checks import resume, rules, runner, step_rules
 from workshop_lib.checks.common import CheckFailed, _passed
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab.build import EXERCISES, MINE
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.lab import scripts
+from workshop_lib.paths import lab_root
 
 STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp", 4: "step4_snapshots"}
 TODO_LINE = 'raise NotImplementedError("fill in the TODO above")'
 TICK, CROSS = "\N{CHECK MARK}", "\N{BALLOT X}"
 EPOCHS = 2
 ARGS = ["--limit", "200", "--no-tensorboard", "--timeout", "15"]
+MINE = lab_root() / scripts.MINE  # the learner's versions (scripts.write_script), in the clone
+EXERCISES = lab_root() / "exercises"
 
 
 def step_of(path: Path, step: int | None = None) -> int:
@@ -169,7 +171,7 @@ def check_script(path: Path, step: int | None = None) -> tuple[str, str]:
 
 
 def check(path: str | Path, step: int | None = None) -> None:
-    """For a notebook: check the step script the learner wrote (``build.write_script``); a ✓ line, or CheckFailed."""
+    """For a notebook: check the step script the learner wrote (``scripts.write_script``); a ✓ line, or CheckFailed."""
     status, line = check_script(Path(path), step)
     if status != "done":
         raise CheckFailed(line)
@@ -188,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = [default_script(step, args.dir) for step in STEPS]
         rows = []
         for step, path, (status, line) in zip(STEPS, paths, check_scripts(paths, list(STEPS)), strict=True):
-            shown = path.resolve().relative_to(REPO_ROOT) if path.resolve().is_relative_to(REPO_ROOT) else path
+            root = lab_root()
+            shown = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
             rows.append((f"step {step}", str(shown), status, "" if status != "wrong" else line.split(": ", 1)[1]))
         width = max(len(r[1]) for r in rows)
         print(f"{'step':<7} {'script':<{width}}  {'status':<11} mistake")

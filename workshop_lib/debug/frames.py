@@ -19,7 +19,7 @@ from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workshop_lib/
 _TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in ("debug", "lab", "checks", "scaling"))
-_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "build", "watch", "selftest"))
+_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "watch"))
 _STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 

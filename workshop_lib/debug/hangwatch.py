@@ -59,14 +59,14 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from workshop_lib.debug import collectives, frames, hangreport
+from workshop_lib.debug import collectives, hangreport
+from workshop_lib.debug.calls import Call, caller, describe, on_gpu, user_frames
 from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, explain
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import WorkshopError, first_line, first_sentence
@@ -76,56 +76,6 @@ WARNING = "hangwatch warning: "  # starts the one line the watch prints when it 
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
 CONNECT_TIMEOUT = timedelta(seconds=30)
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debug/
-
-
-@dataclass
-class Call:
-    """One collective as this rank entered it."""
-
-    op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), ...
-    seq: int  # this rank's count of observed collectives, 1-based; 0 for backward
-    tensors: str  # "float32[3]", "2 tensors", ...
-    since: float  # time.time() when it was entered
-    where: str  # "file.py:41 in train()", the caller outside torch
-    gpu: bool = False  # on CUDA tensors: Python returns once it is queued; the GPU may still wait
-    backwards: int = 0  # the backward() calls this rank had entered by then (a backward's own number)
-
-    def name(self) -> str:
-        return "loss.backward()" if self.op == "backward" else f"{self.op} #{self.seq}"
-
-
-def _on_gpu(args: tuple, kwargs: dict) -> bool:
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) or (isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)):
-            return (a if isinstance(a, torch.Tensor) else a[0]).is_cuda
-    return False
-
-
-def _tensors(args: tuple, kwargs: dict) -> str:
-    found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor | list | tuple)]
-    for a in found:
-        if isinstance(a, torch.Tensor):
-            return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
-        if a and all(isinstance(t, torch.Tensor) for t in a):
-            return f"{len(a)} tensors, first {str(a[0].dtype).removeprefix('torch.')}{list(a[0].shape)}"
-    return "no tensor"
-
-
-def user_frames(frame) -> tuple[list[list], str]:
-    """([file, line, function, code] of the learner's frames, outermost first; the innermost library function)."""
-    stack = frames.since_fork(traceback.extract_stack(frame))
-    while stack and stack[-1].filename.startswith(_HERE):  # the watch itself (a rank explaining from its main thread)
-        stack.pop()
-    inner = stack[-1].name if stack and frames.is_library(stack[-1].filename) else ""
-    return [[frames.short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in frames.users(stack)], inner
-
-
-def _caller() -> str:
-    """'f.py:25 in g()', and where g was called from, for the code that called the collective."""
-    mine, _ = user_frames(sys._getframe(2))
-    sites = [f"{f}:{n} in {fn}()" for f, n, fn, _ in mine[-2:]]
-    return ", from ".join(reversed(sites)) or "?"
 
 
 _warned = False
@@ -174,13 +124,13 @@ class Watch:
             return None
         if self.world_size == 0 and dist.is_initialized():
             self.join()  # the first collective of a new group: connect now, not up to a poll later
-        gpu = _on_gpu(args, kwargs)
+        gpu = on_gpu(args, kwargs)
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
             self.backwards += 1
-            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), _caller(), gpu, self.backwards)
+            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
         else:
             self.seq += 1
-            self.current = Call(op, self.seq, _tensors(args, kwargs), time.time(), _caller(), gpu, self.backwards)
+            self.current = Call(op, self.seq, describe(args, kwargs), time.time(), caller(), gpu, self.backwards)
             self.history.append(self.current)
         return self.current
 
@@ -265,12 +215,12 @@ class Watch:
             if asked > self.answered:
                 self.answered = asked
                 store.set(f"where/{self.rank}", self.where(asked))
-            call = self.current or self.unfinished_on_gpu()
+            call = self.current or self.unfinishedon_gpu()
             if call is not None and time.time() - call.since > self.threshold:
                 on_gpu = " for the GPU to finish it" if call is not self.current else ""
                 self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
 
-    def unfinished_on_gpu(self) -> Call | None:
+    def unfinishedon_gpu(self) -> Call | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
         while self.queued and self.queued[0][1].query():
             self.queued.popleft()
@@ -280,7 +230,7 @@ class Watch:
         """This rank's answer: its main thread's stack and collectives, as JSON."""
         frame = sys._current_frames().get(self.main)
         found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
-        call = self.current or self.unfinished_on_gpu()
+        call = self.current or self.unfinishedon_gpu()
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
                            "current": asdict(call) if call else None, "left": self.left,
                            "last": asdict(self.last) if self.last else None, "backwards": self.backwards,

@@ -1,1 +1,1 @@
-"""What a notebook uses to run and show things: the torchrun launcher, forked ranks, plots, the notebook build."""
+"""What a notebook uses to run and show things: the torchrun launcher, forked ranks, plots, write_script."""

@@ -1,4 +1,4 @@
-"""The entry-point wrapper of the lab's commands (check, diagnose, build, site, selftest, watch).
+"""The entry-point wrapper of the lab's commands (check, diagnose, watch) and of the course's (tools/: build, site).
 
 A tool's problem (:class:`~workshop_lib.errors.WorkshopError`) becomes one line on
 stderr and exit code 2; Ctrl-C, one line and 130. Bad input to the core

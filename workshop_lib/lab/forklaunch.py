@@ -1,7 +1,15 @@
-"""Running a function defined in the notebook on N forked ranks, each with a ready process group.
+"""Running a function defined in the notebook on N ranks, each with a ready process group.
 
 :func:`notebook_launch` starts the ranks with torch's own elastic launcher (the
 engine inside torchrun), and returns what each rank returned.
+
+How the ranks start (:func:`start_method`): forked from the kernel on Linux (the
+fastest: a rank inherits everything the kernel has imported and defined), spawned
+elsewhere (macOS, where fork is unsafe, and Windows, which has none): a fresh
+Python that gets the notebook's function, its arguments and what they use from
+the notebook by value (cloudpickle, as loky and Ray ship functions), and sends
+its result back the same way. ``WORKSHOP_START_METHOD=spawn`` forces spawn on
+Linux: CI runs the notebooks so, the code path of macOS and Windows.
 """
 
 from __future__ import annotations
@@ -21,13 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import rank_logs
+from workshop_lib.lab import rank_logs, spawning
 from workshop_lib.lab.launch import LaunchError
 from workshop_lib.lab.processes import kill_tree
+from workshop_lib.lab.spawning import start_method
 
 # torch's launcher logs a failed rank's whole traceback to stderr ("E1202 ... api.py:836] ...");
 # during a launch these loggers write to the launch's log file instead, which the error names.
 _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+_KILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL: psutil's SIGTERM terminates there
 
 
 class LaunchTimeout(LaunchError):
@@ -45,8 +55,12 @@ class HangError(LaunchError):
         self.diagnosis, self.record = diagnosis, record
 
 
-def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
-    """What each forked rank runs: send its output to its own log, join the group, call ``fn(env, *args)``."""
+def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
+    """What each rank runs: send its output to its own log, join the group, call ``fn(env, *args)``.
+
+    A spawned rank gets ``fn`` as bytes (:func:`workshop_lib.lab.spawning.pack`: the function, its arguments
+    and the notebook's source lines), and returns its result by value too.
+    """
     # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
     # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
     # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
@@ -65,19 +79,24 @@ def _rank_main(fn: Callable, backend: str, timeout: float, hang_after: float | N
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    shipped = isinstance(fn, bytes)
+    if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
+        fn, args = spawning.unpack(fn)
     # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
     # at the fork (the launcher's TCP store serving the rank forked before), the child inherits it locked,
     # and its first getaddrinfo waits forever. So: a file store instead of TCP, and gloo on the loopback
     # interface by name (getifaddrs) instead of by this host's name (getaddrinfo).
-    # (All ranks are on this machine, so a file store serves with spawn as well.)
-    if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # (All ranks are on this machine, so a file store and the loopback serve a spawned rank as well.)
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
     env = joining.join(backend, timeout, store=store)
     if hang_after is not None:  # a collective waiting this long: the watch writes who never arrived into the log
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))
     try:
-        return fn(env, *args)
+        result = fn(env, *args)
+        return spawning.pack_result(result) if shipped else result
     except BaseException:
         traceback.print_exc()  # into this rank's log: the error names the file
         raise
@@ -197,23 +216,12 @@ def _hang_in_logs(log_dir: str) -> str | None:
     return hangreport.missing_rank(Path(log_dir) / "hang.json")
 
 
-def _start_method(fn: Callable) -> str:
-    """'fork' on Linux; elsewhere 'spawn' for a function a fresh process can import, else a one-line refusal."""
-    if sys.platform.startswith("linux"):
-        return "fork"
-    qualname = getattr(fn, "__qualname__", "<locals>")
-    if getattr(fn, "__module__", "__main__") != "__main__" and "<" not in qualname:
-        return "spawn"  # a fresh interpreter imports fn by module and name
-    why = "Windows has no fork" if sys.platform == "win32" else "fork is unsafe on macOS"
-    raise WorkshopError(f"notebook_launch forks this kernel, and {why}: move {qualname} into a .py file next to the "
-                        "notebook and import it from there (it then runs with spawn), or run a script with launch.torchrun")
-
-
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
                     hang_after: float | None = None) -> list:
-    """Run ``fn(env, *args)`` on ``nprocs`` forked ranks; return each rank's result, in rank order.
+    """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order.
 
-    torch's elastic launcher (the engine inside torchrun) forks the ranks and
+    torch's elastic launcher (the engine inside torchrun) starts the ranks (forked
+    on Linux, else spawned with ``fn`` and ``args`` sent by value: :func:`start_method`) and
     hosts the rendezvous on a free local port; each rank then joins a process
     group (:func:`workshop_lib.lab.joining.join`) and gets its DistEnv. What the ranks print
     goes to per-rank log files; rank 0's output is shown after the run. A
@@ -229,18 +237,20 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if torch.cuda.is_initialized():
+    method = start_method()  # fork on Linux (WSL included); spawn on macOS and Windows, or where forced
+    if method == "fork" and torch.cuda.is_initialized():
         raise WorkshopError("CUDA is already initialised in this kernel, and forked ranks cannot use it; "
                             "restart the kernel and call notebook_launch before any CUDA work, or use launch.torchrun")
-    start_method = _start_method(fn)  # fork on Linux (WSL included); macOS and Windows: spawn or a refusal
+    name = getattr(fn, "__name__", repr(fn))
+    if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
+        fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
     # Port 0: the rendezvous store binds a free port itself (as torchrun --standalone does).
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          monitor_interval=0.1, start_method=start_method)
+                          monitor_interval=0.1, start_method=method)
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the forked ranks inherit it
-    name = getattr(fn, "__name__", repr(fn))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it
     before = _descendants()
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
@@ -266,7 +276,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
                 os.environ.pop(k, None)
     rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
-    return [results[r] for r in sorted(results)]
+    return [spawning.unpack_result(results[r]) if method == "spawn" else results[r] for r in sorted(results)]
 
 
 def _descendants() -> set[int]:
@@ -278,7 +288,7 @@ def _descendants() -> set[int]:
 def _stop_new_descendants(before: set[int]) -> None:
     """Kill every process this kernel started since ``before`` (and what they started): none outlives a stop."""
     for pid in sorted(_descendants() - before):
-        kill_tree(pid, grace=0, first=signal.SIGKILL)
+        kill_tree(pid, grace=0, first=_KILL)
 
 
 def _stop_ranks(log_dir: str, stacks: bool) -> None:
@@ -295,4 +305,4 @@ def _stop_ranks(log_dir: str, stacks: bool) -> None:
         with contextlib.suppress(ValueError, psutil.Error):
             pid = int(pid_file.read_text())
             if psutil.Process(pid).ppid() == os.getpid():  # still our child, not a recycled pid
-                kill_tree(pid, grace=0, first=signal.SIGKILL)
+                kill_tree(pid, grace=0, first=_KILL)

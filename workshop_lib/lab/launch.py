@@ -27,7 +27,7 @@ from pathlib import Path
 from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab.processes import kill_tree
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import lab_root
 
 TAIL_LINES = 40
 WATCH = ("-m", "workshop_lib.watch")  # torchrun's way to run a module: the script then runs with the hang watch
@@ -63,15 +63,15 @@ class RunResult(dict):
 def _display_path(path: Path) -> str:
     path = Path(path)
     try:
-        return str(path.resolve().relative_to(REPO_ROOT))
+        return str(path.resolve().relative_to(lab_root()))
     except ValueError:
         return str(path)
 
 
 def _resolve(path: str | os.PathLike) -> Path:
-    """Relative paths are relative to the repository root, as in the printed command."""
+    """Relative paths are relative to the clone's root (:func:`~workshop_lib.paths.lab_root`), as in the printed command."""
     path = Path(path)
-    return path if path.is_absolute() else REPO_ROOT / path
+    return path if path.is_absolute() else lab_root() / path
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -195,12 +195,12 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
     """(the script's path, its arguments with --out added where it applies, the out directory)."""
     script = _resolve(script)
     if not script.is_file():
-        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {REPO_ROOT})")
+        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {lab_root()})")
     args = [str(a) for a in args]
     if out is not False and _flag_value(args, "--out") is None:
         if out is None:
-            (REPO_ROOT / "runs").mkdir(exist_ok=True)
-            out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=REPO_ROOT / "runs")
+            (lab_root() / "runs").mkdir(exist_ok=True)
+            out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=lab_root() / "runs")
         args += ["--out", _display_path(_resolve(out))]
     out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
     return script, args, out_dir
@@ -227,7 +227,7 @@ def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags:
     restarts = {RESTART_VARIABLE: "1"} if _restarts(torchrun_flags) else {}
     full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **restarts, **(env or {})}
     text = {"text": True, "bufsize": 1} if stdout is subprocess.PIPE else {}
-    return subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
+    return subprocess.Popen(argv, cwd=lab_root(), env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
                             start_new_session=True, **text)
 
 

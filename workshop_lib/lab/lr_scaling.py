@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 
 from workshop_lib.lab import plots
-from workshop_lib.paths import REPO_ROOT
+from workshop_lib.paths import clone_root
 
-RESULTS = REPO_ROOT / "benchmarks" / "results" / "lr_scaling.json"
+RESULTS = Path("benchmarks", "results", "lr_scaling.json")  # in the clone: the measured runs
 RULES = {"none": lambda k: 1.0, "sqrt": math.sqrt, "linear": lambda k: k}
 
 
@@ -24,8 +24,9 @@ def scaled(lr: float, global_batch: int, tuned_at: int) -> dict[str, float]:
     return {rule: lr * f(global_batch / tuned_at) for rule, f in RULES.items()}
 
 
-def read(path: Path = RESULTS) -> dict:
-    return json.loads(Path(path).read_text())
+def read(path: Path | None = None) -> dict:
+    """The measured runs: ``path``, else the clone's :data:`RESULTS`."""
+    return json.loads(Path(path or clone_root("lr_scaling.read()") / RESULTS).read_text())
 
 
 def mean_dev(runs: dict) -> dict[tuple[int, str], float]:

@@ -205,3 +205,28 @@ def speedup_plot(results, metric: str = "train_samples_per_second"):
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
+
+
+def speedup_bars(runs: dict[str, dict]):
+    """Training throughput of named runs ({"1x1": metrics, "1x2": ..., "2x1": ...}): each epoch after the first
+    as a dot, the median as a bar, labelled with its ratio to the first run's median."""
+    import statistics
+
+    names = list(runs)
+    epochs = {n: [row["samples_per_second"] for row in runs[n]["history"][1:]] for n in names}
+    if any(not e for e in epochs.values()):
+        raise WorkshopError("speedup_bars needs runs of 2 epochs or more (the first epoch is not timed fairly)")
+    medians = [statistics.median(epochs[n]) for n in names]
+    fig, (ax,) = _new_figure(width=5.5, height=3.2)
+    ax.bar(range(len(names)), medians, color="#9ecae1", label="median of the epochs after the first")
+    for i, n in enumerate(names):
+        ax.plot([i] * len(epochs[n]), epochs[n], "o", color="#08519c", markersize=4,
+                label="one epoch" if i == 0 else None)
+        ax.annotate(f"x{medians[i] / medians[0]:.2f}", (i, medians[i]), textcoords="offset points", xytext=(0, 4),
+                    ha="center", fontsize="small")
+    ax.set_xticks(range(len(names)), [f"{n}\n(processes x threads)" if i == 0 else n for i, n in enumerate(names)])
+    ax.set(title="Training throughput, one global batch", ylabel="training samples / second")
+    ax.set_ylim(0, max(max(e) for e in epochs.values()) * 1.15)
+    ax.legend(fontsize="small", loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -107,7 +107,11 @@ def global_rank(node_rank: int, nproc_per_node: int, local_rank: int) -> int:
 
 
 def two_nodes(nnodes: int = 2, nproc_per_node: int = 2):
-    """Several nodes, computed: each runs a torchrun (an agent); RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK."""
+    """Several nodes, computed: each runs a torchrun (an agent) with the same ``--nproc_per_node``.
+
+    Then RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK. (Nodes that run different numbers of workers
+    are numbered the same way, node after node: a node's ranks follow all those of the nodes before it.)
+    """
     from matplotlib.patches import Rectangle
 
     from workshop_lib.lab.plots import _new_figure
@@ -115,7 +119,7 @@ def two_nodes(nnodes: int = 2, nproc_per_node: int = 2):
     world = nnodes * nproc_per_node
     ranks = [[global_rank(node, nproc_per_node, local) for local in range(nproc_per_node)] for node in range(nnodes)]
     assert sorted(r for node in ranks for r in node) == list(range(world)), "each worker must get its own rank"
-    print("RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK: "
+    print(f"{nproc_per_node} workers a node, so RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK: "
           + "; ".join(f"node {node} holds ranks {', '.join(map(str, r))}" for node, r in enumerate(ranks)))
     width = nnodes * (1.9 * nproc_per_node + 0.6)
     fig, (ax,) = _new_figure(width=width, height=3.4)

@@ -1,4 +1,4 @@
-"""What forked ranks leave behind: each rank's log, one line per failed rank, and where each was at a timeout."""
+"""What the ranks of notebook_launch leave behind: each rank's log, a line per failed rank, where each was at a timeout."""
 
 from __future__ import annotations
 

@@ -166,52 +166,79 @@ def _number(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
 
 
+def _grad_subtitle(h: Held) -> str:
+    """What ``p.grad`` holds when backward() returns, as the data say: each rank's own gradient, or the mean."""
+    import torch
+
+    if all(torch.equal(g, o) for g, o in zip(h.grads, h.own_grads, strict=True)):
+        return "p.grad when backward() returns: its own batch's"
+    mean = torch.stack(h.own_grads).mean(0)
+    if all(torch.allclose(g, mean, atol=1e-6) for g in h.grads):
+        return "p.grad when backward() returns: the ranks' mean"
+    return "p.grad when backward() returns"
+
+
 def figure(held: dict[int, Held]):
-    """Per kind (a column): shards, own and averaged gradients, weight changes (rank 0 over rank 1), the spread."""
+    """Per kind (a column): the data, the first gradient, the weight changes (rank 0 over rank 1), the spread.
+
+    A row "p.grad when backward() returns" is drawn only when some kind's p.grad differs from its
+    own batch's gradient (under DDP); without DDP it would repeat the row above. Each strip row has
+    one colour scale for all columns, and its colour bar.
+    """
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.colors import ListedColormap
 
     kinds = list(held.values())
-    fig, axes = plt.subplots(5, len(kinds), figsize=(5.2 * len(kinds), 8.4), squeeze=False,
-                             gridspec_kw={"height_ratios": [1, 1, 1, 1, 1.6]})
+    averaged = any(_grad_subtitle(h) != "p.grad when backward() returns: its own batch's" for h in kinds)
+    strips = ["own_grads", "grads", "weights"] if averaged else ["own_grads", "weights"]
+    n_rows = 2 + len(strips)
+    fig, axes = plt.subplots(n_rows, len(kinds), figsize=(5.4 * len(kinds) + 1.0, 1.7 * n_rows + 1.0), squeeze=False,
+                             gridspec_kw={"height_ratios": [1] * (n_rows - 1) + [1.6]}, layout="constrained")
     plt.close(fig)  # shown once, as the cell's value
-    rows = [("data: its shard of the epoch", None),
-            ("gradient of its first batch alone", "own_grads"),
-            ("p.grad when backward() returns", "grads"),
-            ("weights after the epoch, minus the start", "weights")]
 
     def strip(h: Held, what: str):
         if what in ("own_grads", "grads"):
             return np.stack([g[h.shown].numpy() for g in getattr(h, what)])
         return np.stack([(w[-1] - h.start)[h.shown].numpy() for w in h.weights])
 
-    scale = {what: max(np.abs(strip(h, what)).max() for h in kinds) or 1.0 for _, what in rows if what}
+    labels = {"own_grads": ("gradient of its first batch alone", "gradient"),
+              "grads": (None, "gradient"),
+              "weights": ("weights after the epoch, minus the start", "weight change")}
+    gaps = {"own_grads": lambda h: h.own_grad_spread, "grads": lambda h: h.grad_spread, "weights": lambda h: h.spread[-1]}
+    in_data = ListedColormap(["white", "tab:green"])
     for col, h in enumerate(kinds):
-        ranks = [f"rank {r}" for r in range(len(h.shards))]
         taken = np.zeros((len(h.shards), h.n_train))
         for r, shard in enumerate(h.shards):
             taken[r, shard] = 1
-        axes[0][col].imshow(taken, aspect="auto", cmap="Greens", vmin=0, vmax=1.3, interpolation="nearest")
-        axes[0][col].set_xlabel(f"training molecule (0 .. {h.n_train - 1}); shared by all ranks: {h.shared}")
-        for row, (_, what) in enumerate(rows[1:], start=1):
+        ax = axes[0][col]
+        image = ax.imshow(taken, aspect="auto", cmap=in_data, vmin=0, vmax=1, interpolation="nearest")
+        data = "data: all of it, on every rank" if h.shared == h.n_train else "data: its shard of the epoch"
+        ax.set_title(f"{TITLES[h.kind]}\n{data}", fontsize="medium")
+        ax.set_xlabel(f"training molecule (0 .. {h.n_train - 1}); shared by all ranks: {h.shared}", fontsize="small")
+    bar = fig.colorbar(image, ax=axes[0].tolist(), ticks=[0.25, 0.75], fraction=0.04, pad=0.01)
+    bar.ax.set_yticklabels(["not read", "read"], fontsize="small")
+    for row, what in enumerate(strips, start=1):
+        scale = max(np.abs(strip(h, what)).max() for h in kinds) or 1.0  # one scale per row: columns compare
+        for col, h in enumerate(kinds):
             values = strip(h, what)
-            axes[row][col].imshow(values, aspect="auto", cmap="RdBu_r", vmin=-scale[what], vmax=scale[what],
-                                  interpolation="nearest")
-            gap = {"own_grads": h.own_grad_spread, "grads": h.grad_spread, "weights": h.spread[-1]}[what]
-            axes[row][col].set_xlabel(f"the {values.shape[1]} weights of the output layer; ranks differ by up to "
-                                      f"{_number(gap)}", fontsize="small")
-        for row, (label, _) in enumerate(rows):
             ax = axes[row][col]
-            ax.set_yticks(range(len(ranks)), ranks)
-            ax.set_xticks([])
-            ax.set_title(f"{TITLES[h.kind]}\n{label}" if row == 0 else label, fontsize="medium")
-        ax = axes[4][col]
+            image = ax.imshow(values, aspect="auto", cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest")
+            ax.set_title(labels[what][0] or _grad_subtitle(h), fontsize="medium")
+            ax.set_xlabel(f"the {values.shape[1]} weights of the output layer; ranks differ by up to "
+                          f"{_number(gaps[what](h))}", fontsize="small")
+        bar = fig.colorbar(image, ax=axes[row].tolist(), fraction=0.04, pad=0.01)
+        bar.set_label(labels[what][1], fontsize="small")
+        bar.ax.tick_params(labelsize="x-small")
+    for row in range(n_rows - 1):
+        for col, h in enumerate(kinds):
+            axes[row][col].set_yticks(range(len(h.shards)), [f"rank {r}" for r in range(len(h.shards))])
+            axes[row][col].set_xticks([])
+    top = max(max(h.spread) for h in kinds) or 1.0
+    for col, h in enumerate(kinds):
+        ax = axes[-1][col]
         ax.plot(range(1, len(h.spread) + 1), h.spread, marker="o")
         ax.set(title="replica spread after each optimizer step", xlabel="optimizer step (one epoch)",
-               ylabel="largest weight difference")
+               ylabel="largest weight difference", ylim=(-0.05 * top, 1.1 * top))
         ax.grid(alpha=0.3)
-    top = max(max(h.spread) for h in kinds) or 1.0
-    for col in range(len(kinds)):
-        axes[4][col].set_ylim(-0.05 * top, 1.1 * top)
-    fig.tight_layout()
     return fig

@@ -1,10 +1,14 @@
-"""A DDP step on a timeline: torch.profiler's record of forward, backward and gloo's all-reduces, per rank.
+"""A DDP step on a timeline: torch.profiler's records of several steps, per rank, drawn as the median step.
 
-:func:`profile_ddp_step` runs the step-3 model under DDP on 2 forked ranks (gloo,
-CPU), once per bucket size, and profiles one training step after two warm-up
-steps (without find_unused_parameters, DDP puts every gradient in one bucket for
-the first iteration, and rebuilds its buckets in the order the gradients became
-ready at the start of the second). :func:`draw` puts the ranks' steps on one clock.
+Notebook 04b profiles the steps itself, on 2 forked ranks, so that the learner reads
+the profiler's lines (:func:`quiet` keeps the profiler's own C++ log lines out of the
+cell). Each rank returns :func:`records` of its profile and :func:`buckets` of its DDP
+model, and times the same steps again without the profiler (:func:`ms_per_step`).
+:func:`median_step` cuts each rank's records into steps (each begins with DDP's
+forward) and takes the median of every part over the steps; :func:`facts` says in
+words what does not change from run to run (the buckets, how many all-reduces were
+launched before backward ended), :func:`timings` what does (the medians, in ms), and
+:func:`draw` shows the median step of each rank.
 
 The records used (torch 2.13, gloo on CPU), all on the rank's main thread but the last:
 ``DistributedDataParallel.forward`` (DDP's forward); ``autograd::engine::evaluate_function: XBackward0``
@@ -18,15 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Sequence
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
+PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
 _EXACT = {"DistributedDataParallel.forward": FORWARD, "c10d::allreduce_": LAUNCH, "gloo:all_reduce": ALL_REDUCE,
           "torch.distributed.ddp.reducer::copy_bucket_to_grad": COPY}
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
 _COLORS = {FORWARD: "tab:blue", BACKWARD: "tab:orange", ALL_REDUCE: "tab:green", OPTIMIZER: "tab:purple"}
-SMALL_CAP_MB = 0.005  # 5,242 bytes: the head's gradients (8,452 bytes) fill the first bucket
+SMALL_CAP_MB = 0.005  # 5,242 bytes: smaller than most of the model's parameters, so about one bucket each
 
 
 @dataclass(frozen=True)
@@ -39,18 +46,6 @@ class Event:
     thread: int
 
 
-@dataclass(frozen=True)
-class Span:
-    kind: str  # FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY or OPTIMIZER
-    start: float  # ms since the step began (the earliest forward of any rank)
-    duration: float  # ms
-    thread: int
-
-    @property
-    def end(self) -> float:
-        return self.start + self.duration
-
-
 def kind_of(name: str) -> str | None:
     """Which part of a DDP step a profiler record is, or None for one the timeline leaves out."""
     if name in _EXACT:
@@ -60,71 +55,16 @@ def kind_of(name: str) -> str | None:
     return OPTIMIZER if name.startswith("Optimizer.step#") else None
 
 
-def classify(events: Iterable[Event], origin: float) -> tuple[Span, ...]:
-    """The events the timeline shows, as Spans in ms since ``origin`` (µs), in order of start."""
-    spans = [Span(kind, (e.start - origin) / 1000, e.duration / 1000, e.thread)
-             for e in events if (kind := kind_of(e.name)) is not None]
-    return tuple(sorted(spans, key=lambda s: s.start))
-
-
-@dataclass(frozen=True)
-class RankStep:
-    """One rank's profiled step."""
-
-    rank: int
-    spans: tuple[Span, ...]
-
-    def of(self, kind: str) -> list[Span]:
-        return [s for s in self.spans if s.kind == kind]
-
-    @property
-    def backward_end(self) -> float:
-        """When backward's last op ended (DDP's wait for the all-reduces and its copies come after)."""
-        return max(s.end for s in self.of(BACKWARD))
-
-    def check(self) -> None:
-        """Assert the step holds what the figure shows: forward, backward, and one gloo all-reduce per launch."""
-        for kind in (FORWARD, BACKWARD, LAUNCH):
-            assert self.of(kind), f"rank {self.rank}'s profile has no {kind} record; is this torch's DDP on gloo?"
-        assert len(self.of(ALL_REDUCE)) == len(self.of(LAUNCH)), (
-            f"rank {self.rank}: DDP launched {len(self.of(LAUNCH))} all-reduce(s), gloo recorded {len(self.of(ALL_REDUCE))}")
-
-
-@dataclass(frozen=True)
-class ProfiledStep:
-    """The ranks' profiled step under one bucket size (None: DDP's default)."""
-
-    bucket_cap_mb: float | None
-    ranks: tuple[RankStep, ...]
-    grad_bytes: int  # the gradients DDP all-reduces in every step
-
-    @property
-    def buckets(self) -> int:
-        return len(self.ranks[0].of(LAUNCH))  # one launch per bucket
-
-    @property
-    def label(self) -> str:
-        cap = "bucket_cap_mb=25 (the default)" if self.bucket_cap_mb is None else f"bucket_cap_mb={self.bucket_cap_mb:g}"
-        return f"{cap}: {self.buckets} bucket{'s' if self.buckets != 1 else ''}"
-
-
-def facts(steps: Sequence[ProfiledStep]) -> list[str]:
-    """What the figure shows, in words that do not change from run to run (counts and orderings, no times)."""
-    lines = []
-    for step in steps:
-        lines.append(f"{step.label} for {step.grad_bytes:,} bytes of gradients")
-        for r in step.ranks:
-            n = len(r.of(ALL_REDUCE))
-            early = sum(s.start < r.backward_end for s in r.of(LAUNCH))  # one thread's order: the same every run
-            # (when gloo's own thread starts each one depends on the machine's load: the figure shows it, not this)
-            lines.append(f"  rank {r.rank}: {n} all-reduce{'s' if n != 1 else ''}, {early} launched before backward's "
-                         f"last op ended")
-    return lines
+def records(prof) -> list[Event]:
+    """The records of a finished ``torch.profiler.profile`` that make up DDP steps, on this machine's clock."""
+    origin = prof.profiler.kineto_results.trace_start_ns() / 1000  # µs; the events' times are relative to it
+    return [Event(e.name, origin + e.time_range.start, e.time_range.end - e.time_range.start, e.thread)
+            for e in prof.events() if kind_of(e.name) is not None]
 
 
 @contextlib.contextmanager
-def _native_stderr_muted():
-    """The profiler's C++ side prints a timestamped line at start and stop: keep it out of the rank's log."""
+def quiet():
+    """Mute this process's native stderr: the profiler's C++ side prints a timestamped line at start and at stop."""
     saved = os.dup(2)
     with open(os.devnull, "w") as null:
         os.dup2(null.fileno(), 2)
@@ -135,105 +75,220 @@ def _native_stderr_muted():
         os.close(saved)
 
 
-def _train_step(model, optimizer, batch) -> None:
-    """Step 3's training step (the scripts' loop body)."""
-    import torch.nn.functional as F
+def ms_per_step(runs: dict, step: Callable, batch, steps: int) -> dict:
+    """Median ms of ``step(model, optimizer, batch)`` for each ``runs[key] = (model, optimizer)``, without a profiler.
 
-    tokens, lengths, labels = batch
-    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-    optimizer.zero_grad()
-    loss.backward()  # DDP's all-reduces start in here
-    optimizer.step()
-
-
-def _rank_profiles(env, caps: Sequence[float | None], limit: int) -> dict:
-    """On each forked rank: per bucket size, a DDP model's profiled third step on a real batch of step 3's data."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import ProfilerActivity, profile
-    from torch.utils.data import DistributedSampler
-
-    from workshop_lib.config import TrainConfig
-    from workshop_lib.data import collate, load_splits
-    from workshop_lib.model import SmilesLSTM
-
-    cfg = TrainConfig(limit=limit)
-    splits = load_splits(cfg)
-    shard = torch.tensor(list(DistributedSampler(splits.train, env.world_size, env.rank, seed=cfg.seed)))  # (N/2,)
-    typical = shard[torch.argsort(splits.train.lengths[shard])][len(shard) // 2:][:cfg.batch_size]  # middle lengths
-    batch = collate([splits.train[i] for i in typical.tolist()])  # both ranks about the same work: no long wait
-    out = {}
-    for cap in caps:
-        torch.manual_seed(cfg.seed)
-        model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
-        model = DDP(model, bucket_cap_mb=cap)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        for _ in range(2):  # the second step's forward rebuilds the buckets: profile the third
-            _train_step(model, optimizer, batch)
-        dist.barrier()  # both ranks start the profiled step together
-        with _native_stderr_muted(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            _train_step(model, optimizer, batch)
-            dist.barrier()  # gloo's threads have closed their records before the profiler stops
-        origin = prof.profiler.kineto_results.trace_start_ns() / 1000  # µs; events are relative to it
-        out["grad_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        out[cap] = [Event(e.name, origin + e.time_range.start, e.time_range.end - e.time_range.start, e.thread)
-                    for e in prof.events() if kind_of(e.name) is not None]
-    return out
+    Each run takes ``steps`` steps in two blocks, in the order A B B A, so that a drift in the machine's load
+    falls on all runs alike (alternating every step would be fairer still, but switching models costs time of its
+    own). Every rank must call it with the same runs in the same order: each step all-reduces.
+    """
+    times: dict = {key: [] for key in runs}
+    for order in (list(runs), list(runs)[::-1]):
+        for key in order:
+            model, optimizer = runs[key]
+            for _ in range(steps // 2):
+                start = time.perf_counter()
+                step(model, optimizer, batch)
+                times[key].append(1000 * (time.perf_counter() - start))
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
-def profile_ddp_step(bucket_caps_mb: Sequence[float | None] = (None, SMALL_CAP_MB), limit: int = 1000,
-                     timeout: float = 90) -> list[ProfiledStep]:
-    """One DDP training step of the step-3 model on 2 forked ranks per bucket size, profiled; prints :func:`facts`."""
-    from workshop_lib.lab.forklaunch import notebook_launch
+@dataclass(frozen=True)
+class Bucket:
+    """One of DDP's buckets: the parameters whose gradients it all-reduces together, in the order they arrive."""
 
-    per_rank = notebook_launch(_rank_profiles, 2, tuple(bucket_caps_mb), limit, timeout=timeout)
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]  # bytes of each parameter's gradient
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes)
+
+
+def buckets(ddp_model) -> list[Bucket]:
+    """The buckets DDP rebuilt after the first step (call it after the second), from DDP's own logging data."""
+    data = ddp_model._get_ddp_logging_data()
+    assert data.get("has_rebuilt_buckets"), "DDP rebuilds its buckets in the second step's forward: run two first"
+    params = list(ddp_model.module.named_parameters())
+    found = []
+    for group in str(data["rebuilt_per_bucket_param_indices"]).split(","):
+        members = [params[int(i)] for i in group.split()]
+        found.append(Bucket(tuple(n for n, _ in members), tuple(p.numel() * p.element_size() for _, p in members)))
+    sizes = [int(s) for s in str(data["rebuilt_bucket_sizes"]).split(",")]
+    assert [b.nbytes for b in found] == sizes, f"DDP's bucket sizes {sizes} are not its parameters' {found}"
+    return found
+
+
+@dataclass(frozen=True)
+class Step:
+    """One rank's step: per part, its (start, end) spans in ms since the step's origin, in order of start."""
+
+    parts: dict[str, tuple[tuple[float, float], ...]]
+
+    def of(self, kind: str) -> tuple[tuple[float, float], ...]:
+        return self.parts.get(kind, ())
+
+    @property
+    def backward_end(self) -> float:
+        """When backward's last op ended (DDP's wait for the all-reduces and its copies come after)."""
+        return max(end for _, end in self.of(BACKWARD))
+
+    @property
+    def returned(self) -> float:
+        """When ``backward()`` returned: the last averaged bucket copied into ``.grad``."""
+        return max(end for _, end in self.of(COPY) + self.of(BACKWARD))
+
+    @property
+    def end(self) -> float:
+        """When the optimizer step ended (a gloo thread may close its record a little later)."""
+        return max(end for _, end in self.of(OPTIMIZER))
+
+    @property
+    def launched_early(self) -> int:
+        """All-reduces launched before backward's last op ended (one thread's order: the same in every step)."""
+        return sum(start < self.backward_end for start, _ in self.of(LAUNCH))
+
+
+def _steps(events: Iterable[Event], origins: Sequence[float]) -> list[Step]:
+    """One rank's records cut into steps: step k holds what started between its k-th and (k+1)-th forward."""
+    found = sorted((e for e in events if kind_of(e.name) is not None), key=lambda e: e.start)
+    forwards = [e.start for e in found if kind_of(e.name) == FORWARD]
+    assert len(forwards) == len(origins), f"{len(forwards)} forwards on this rank, {len(origins)} on another"
+    bounds = [*forwards[1:], float("inf")]
     steps = []
-    for cap in bucket_caps_mb:
-        events = [result[cap] for result in per_rank]
-        origin = min(e.start for rank_events in events for e in rank_events if kind_of(e.name) == FORWARD)
-        ranks = tuple(RankStep(r, classify(ev, origin)) for r, ev in enumerate(events))
-        step = ProfiledStep(cap, ranks, per_rank[0]["grad_bytes"])
-        for rank in step.ranks:
-            rank.check()
-        steps.append(step)
-    print("\n".join(facts(steps)))
+    for begin, stop, origin in zip(forwards, bounds, origins, strict=True):
+        parts: dict[str, list[tuple[float, float]]] = {}
+        for e in found:
+            if begin <= e.start < stop:
+                span = ((e.start - origin) / 1000, (e.start + e.duration - origin) / 1000)  # ms
+                parts.setdefault(kind_of(e.name), []).append(span)
+        steps.append(Step({k: tuple(v) for k, v in parts.items()}))
     return steps
 
 
-def draw(steps: Sequence[ProfiledStep]):
-    """One panel per bucket size; per rank a row for its main thread and one for gloo's worker threads."""
+def _median(steps: Sequence[Step]) -> Step:
+    """Every span's median start and end over the steps (each step has the same parts, in the same order)."""
+    parts = {}
+    for kind in PARTS:
+        counts = {len(s.of(kind)) for s in steps}
+        assert len(counts) == 1, f"the steps hold {sorted(counts)} {kind} records: not the same step each time"
+        n = counts.pop()
+        parts[kind] = tuple((statistics.median(s.of(kind)[i][0] for s in steps),
+                             statistics.median(s.of(kind)[i][1] for s in steps)) for i in range(n))
+    return Step(parts)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """The profiled steps of every rank under one bucket size (None: DDP's default), and the median step."""
+
+    bucket_cap_mb: float | None
+    buckets: tuple[Bucket, ...]
+    steps: tuple[tuple[Step, ...], ...]  # [rank][step]
+    median: tuple[Step, ...]  # [rank]
+
+    @property
+    def label(self) -> str:
+        cap = "bucket_cap_mb=25 (the default)" if self.bucket_cap_mb is None else f"bucket_cap_mb={self.bucket_cap_mb:g}"
+        return f"{cap}: {len(self.buckets)} bucket{'s' if len(self.buckets) != 1 else ''}"
+
+    def check(self) -> None:
+        """Assert what the figure shows: every rank launched one all-reduce per bucket in every step, and gloo ran it."""
+        for rank, steps in enumerate(self.steps):
+            for step in steps:
+                for kind in (FORWARD, BACKWARD, OPTIMIZER):
+                    assert step.of(kind), f"rank {rank}'s step has no {kind} record; is this torch's DDP on gloo?"
+                assert len(step.of(LAUNCH)) == len(step.of(ALL_REDUCE)) == len(self.buckets), (
+                    f"rank {rank}: {len(step.of(LAUNCH))} launches and {len(step.of(ALL_REDUCE))} gloo all-reduces "
+                    f"in a step, for {len(self.buckets)} buckets")
+
+
+def median_step(bucket_cap_mb: float | None, per_rank: Sequence[tuple[Sequence[Event], Sequence[Bucket]]]) -> Timeline:
+    """Each rank's (records of several steps, DDP's buckets) as steps on one clock, and their median.
+
+    Step k of every rank is measured from the same origin: the earliest start of step k's forward on any rank.
+    """
+    events = [list(records) for records, _ in per_rank]
+    kept = [list(b) for _, b in per_rank]
+    assert all(b == kept[0] for b in kept), "the ranks' DDP models hold different buckets"
+    forwards = [sorted(e.start for e in rank if kind_of(e.name) == FORWARD) for rank in events]
+    assert forwards[0] and len({len(f) for f in forwards}) == 1, f"forwards per rank: {[len(f) for f in forwards]}"
+    origins = [min(starts) for starts in zip(*forwards, strict=True)]
+    steps = tuple(tuple(_steps(rank, origins)) for rank in events)
+    timeline = Timeline(bucket_cap_mb, tuple(kept[0]), steps, tuple(_median(s) for s in steps))
+    timeline.check()
+    return timeline
+
+
+def facts(timelines: Sequence[Timeline]) -> list[str]:
+    """What does not change from run to run: the buckets, and the all-reduces launched before backward's end."""
+    lines = []
+    for t in timelines:
+        lines.append(t.label)
+        for i, b in enumerate(t.buckets):
+            names = f"all {len(b.names)} parameters" if len(t.buckets) == 1 else ", ".join(b.names)
+            lines.append(f"  bucket {i}: {names}: {b.nbytes:,} bytes")
+        for rank, steps in enumerate(t.steps):
+            early = sorted({s.launched_early for s in steps})
+            n = len(t.buckets)
+            said = f"{early[0]}" if len(early) == 1 else f"{early[0]} to {early[-1]}"
+            lines.append(f"  rank {rank}: {n} all-reduce{'s' if n != 1 else ''} a step, {said} launched before "
+                         f"backward's last op ended, in each of {len(steps)} steps")
+    return lines
+
+
+def timings(timelines: Sequence[Timeline], unprofiled: dict | None = None) -> list[str]:
+    """The medians, in ms of the slower rank: the figure's (profiled) steps, and ``unprofiled[cap]`` (one per rank)."""
+    def row(what: str, ms: dict) -> str:
+        first = next(iter(ms.values()))
+        return f"{what}: " + ", ".join(f"{t.label.split(': ')[1]} {ms[t.bucket_cap_mb]:.1f} ms"
+                                       + (f" ({ms[t.bucket_cap_mb] / first - 1:+.0%})" if i else "")
+                                       for i, t in enumerate(timelines))
+
+    steps = len(timelines[0].steps[0])
+    lines = [row(f"backward() returned, median of the {steps} profiled steps",
+                 {t.bucket_cap_mb: max(m.returned for m in t.median) for t in timelines}),
+             row(f"the whole step, median of the {steps} profiled steps",
+                 {t.bucket_cap_mb: max(m.end for m in t.median) for t in timelines})]
+    if unprofiled:
+        lines.append(row("the whole step without the profiler, median of A B B A blocks",
+                         {k: max(v) for k, v in unprofiled.items()}))
+    return lines
+
+
+def draw(timelines: Sequence[Timeline]):
+    """One panel per bucket size; per rank a row for its main thread and one for gloo's all-reduces, a lane per bucket."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(steps), 1, figsize=(10, 1.0 + 1.5 * len(steps)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 1.2 + 1.6 * len(timelines)), sharex=True, squeeze=False)
     plt.close(fig)  # shown once, as the cell's value
-    for ax, step in zip(axes[:, 0], steps, strict=True):
+    for ax, t in zip(axes[:, 0], timelines, strict=True):
         ticks, names = [], []
-        for i, rank in enumerate(step.ranks):
-            main_y, gloo_y = 3 * i + 0.4, 3 * i + 1.4  # rank 0 on top: the axis is inverted below
+        for rank, m in enumerate(t.median):
+            main_y, gloo_y = 3 * rank + 0.4, 3 * rank + 1.4  # rank 0 on top: the axis is inverted below
             for kind in (FORWARD, BACKWARD, OPTIMIZER):
-                bars = [(s.start, s.duration) for s in rank.of(kind)]
-                ax.broken_barh(bars, (main_y - 0.4, 0.8), color=_COLORS[kind])
-            done = max([s.end for s in rank.of(COPY)] + [s.end for s in rank.of(ALL_REDUCE)])
-            ax.broken_barh([(rank.backward_end, done - rank.backward_end)], (main_y - 0.25, 0.5),
+                ax.broken_barh([(a, b - a) for a, b in m.of(kind)], (main_y - 0.4, 0.8), color=_COLORS[kind])
+            ax.broken_barh([(m.backward_end, m.returned - m.backward_end)], (main_y - 0.25, 0.5),
                            facecolor="none", edgecolor="gray", hatch="///", linewidth=0)
-            ax.plot([s.start for s in rank.of(LAUNCH)], [main_y - 0.55] * len(rank.of(LAUNCH)), "kv", markersize=5)
-            threads = sorted({s.thread for s in rank.of(ALL_REDUCE)})
-            height = 0.8 / len(threads)
-            for s in rank.of(ALL_REDUCE):  # one lane per gloo thread: two all-reduces may run at once
-                lane = gloo_y - 0.4 + height * threads.index(s.thread)
-                ax.broken_barh([(s.start, s.duration)], (lane, height * 0.9), color=_COLORS[ALL_REDUCE], edgecolor="k",
-                               linewidth=0.5)
+            ax.plot([a for a, _ in m.of(LAUNCH)], [main_y - 0.55] * len(m.of(LAUNCH)), "kv", markersize=5)
+            height = 0.8 / len(t.buckets)
+            for i, (a, b) in enumerate(m.of(ALL_REDUCE)):  # bucket i in lane i: they may overlap in time
+                ax.broken_barh([(a, b - a)], (gloo_y - 0.4 + height * i, height * 0.9), color=_COLORS[ALL_REDUCE],
+                               edgecolor="k", linewidth=0.5)
+            ax.plot([m.end, m.end], [main_y - 0.5, gloo_y + 0.5], color="k", linewidth=1)
             ticks += [main_y, gloo_y]
-            names += [f"rank {rank.rank}", f"rank {rank.rank}: gloo"]
+            names += [f"rank {rank}", f"rank {rank}: gloo"]
         ax.set_yticks(ticks, names)
-        ax.set_ylim(3 * len(step.ranks) - 0.4, -0.4)
-        ax.set_title(step.label, fontsize=10, loc="left")
-    axes[-1, 0].set_xlabel("ms since the step began (one clock for both ranks)")
+        ax.set_ylim(3 * len(t.median) - 0.4, -0.4)
+        slower = max(t.median, key=lambda m: m.end)
+        ax.set_title(f"{t.label}; median step {slower.end:.1f} ms (slower rank)", fontsize=10, loc="left")
+    steps = len(timelines[0].steps[0])
+    axes[-1, 0].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
     handles = [Patch(color=_COLORS[k], label=k) for k in (FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER)]
     handles.append(Patch(facecolor="none", edgecolor="gray", hatch="///", label="backward() waits for gloo"))
     handles.append(plt.Line2D([], [], color="k", marker="v", linestyle="none", label="DDP launches a bucket"))
-    fig.legend(handles=handles, loc="upper center", ncol=6, fontsize=8, frameon=False)
+    handles.append(plt.Line2D([], [], color="k", linewidth=1, label="step ends"))
+    fig.legend(handles=handles, loc="upper center", ncol=7, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

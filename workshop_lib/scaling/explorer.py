@@ -29,7 +29,7 @@ def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str
     fig, (ax,) = plots._new_figure(width=6.4, height=3.8)
     ax.plot(gs, model, "-", color="tab:blue", label="model: inputs measured here")
     live = sorted((n * b, fit.alone(n * b) / fit.measured_step(b)) for b in fit.together.batches)
-    ax.plot(*zip(*live, strict=True), "o", color="tab:red", ms=7, label="your lockstep steps (this cell)")
+    ax.plot(*zip(*live, strict=True), "o", color="tab:red", ms=7, label="your lockstep steps (timed above)")
     if benchmark:
         ax.plot(*zip(*sorted(benchmark.items()), strict=True), "s", color="tab:green", ms=7, label=label)
     ax.axhline(n, color="k", ls=":", alpha=0.4, label="perfect")

@@ -13,15 +13,15 @@ import contextlib
 import pytest
 import torch.nn.functional as F
 
+from tests.conftest import REPO
 from workshop_lib.checks import patterns
 from workshop_lib.checks.common import CheckFailed
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
 from workshop_lib.lab import forklaunch
-from workshop_lib.paths import REPO_ROOT
 
 SPLITS = None
-STEP4 = REPO_ROOT / "solutions" / "step4_snapshots.py"
+STEP4 = REPO / "solutions" / "step4_snapshots.py"
 
 
 def batches_of(rank: int):

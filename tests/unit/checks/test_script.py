@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tests.conftest import REPO
+from tools import build
 from workshop_lib.checks import script
-from workshop_lib.lab import build
 
 STEP1, STEP2, STEP3, STEP4 = (REPO / "solutions" / f"{script.STEPS[s]}.py" for s in (1, 2, 3, 4))
 CPU_INIT = '        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))\n'

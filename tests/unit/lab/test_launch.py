@@ -17,7 +17,7 @@ import torch.distributed as dist
 from tests.conftest import SOLUTIONS
 from tests.reliability import pyspy_attaches, still_alive
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import forklaunch, launch
+from workshop_lib.lab import forklaunch, launch, spawning
 
 SCRIPT = """
 import argparse, json, os, sys, time
@@ -246,6 +246,7 @@ def test_notebook_launch_stop_button_stops_every_rank_and_leaves_the_kernel_as_i
 
 def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv(spawning.START_METHOD, "fork")  # fork's refusal: a spawned rank may use CUDA
     with pytest.raises(WorkshopError, match="restart the kernel"):
         forklaunch.notebook_launch(_all_reduce, 2, 1.0)
 

@@ -147,3 +147,14 @@ def test_speedup_plot_reads_real_metrics_files(tmp_path, capsys):
     metrics = [json.loads((r / "metrics.json").read_text()) for r in runs]
     ax = plots.speedup_plot(metrics).axes[0]
     assert list(ax.get_lines()[1].get_ydata()) == pytest.approx([200.0, 400.0])  # 100 samples x world size / 0.5 s
+
+
+def test_speedup_bars_draws_each_epoch_and_the_median_ratio():
+    runs = {name: {"history": [{"samples_per_second": 1.0}, *({"samples_per_second": v} for v in values)]}
+            for name, values in (("1x1", [100.0, 110.0, 90.0]), ("1x2", [150.0, 150.0, 160.0]),
+                                 ("2x1", [200.0, 190.0, 230.0]))}
+    ax = plots.speedup_bars(runs).axes[0]
+    assert [round(p.get_height()) for p in ax.patches] == [100, 150, 200]  # the medians, the first epoch left out
+    assert sorted(t.get_text() for t in ax.texts) == ["x1.00", "x1.50", "x2.00"]
+    with pytest.raises(WorkshopError, match="2 epochs or more"):
+        plots.speedup_bars({"1x1": {"history": [{"samples_per_second": 1.0}]}})

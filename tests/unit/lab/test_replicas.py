@@ -42,11 +42,32 @@ def test_summary_says_what_the_ranks_share_and_how_far_they_differ():
         "(their own batches' by 2.5e-01); after 3 steps their weights by 0"]
 
 
-def test_figure_has_a_column_per_kind_and_five_rows():
+def _titles(fig) -> list[str]:
+    return [ax.get_title() for ax in fig.axes if ax.get_title()]
+
+
+def test_figure_without_ddp_draws_no_duplicate_row_and_a_colour_bar_per_colour_scale():
     fig = replicas.figure({1: held(1, 0, 0), 2: held(2, 0.5, 0.25)})
-    assert len(fig.axes) == 10
-    assert fig.axes[0].get_title().startswith("step 1: every rank all the data")
-    assert "ranks differ by up to 1.5e-01" in fig.axes[7].get_xlabel()  # step 2's weights row
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(panels) == 8 and len(bars) == 3  # data, gradient, weights: p.grad would repeat the gradient row
+    assert not any("p.grad" in t for t in _titles(fig))
+    assert _titles(fig)[0] == "step 1: every rank all the data\ndata: all of it, on every rank"
+    assert _titles(fig)[1] == "step 2: a shard each, no DDP\ndata: its shard of the epoch"
+    assert "ranks differ by up to 1.5e-01" in panels[5].get_xlabel()  # step 2's weights row
+    assert [t.get_text() for t in bars[0].get_yticklabels()] == ["not read", "read"]
+    assert [b.get_ylabel() for b in bars[1:]] == ["gradient", "weight change"]
+
+
+def test_figure_with_ddp_shows_what_p_grad_holds_as_the_data_say():
+    own = torch.zeros(6), torch.zeros(6) + 0.25
+    ddp = replicas.Held(3, 8, [[0, 2, 4, 6], [1, 3, 5, 7]], own_grads=list(own), grads=[own[1] / 2, own[1] / 2],
+                        weights=[[torch.zeros(6)] * 3] * 2, start=torch.zeros(6), shown=slice(0, 4))
+    fig = replicas.figure({2: held(2, 0.5, 0.25), 3: ddp})
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 10 and sum(ax.get_label() == "<colorbar>" for ax in fig.axes) == 4
+    assert "p.grad when backward() returns: its own batch's" in _titles(fig)  # step 2: no averaging
+    assert "p.grad when backward() returns: the ranks' mean" in _titles(fig)  # step 3: DDP's mean
 
 
 def test_record_refuses_steps_2_and_3_without_the_learners_make_loader():
@@ -72,3 +93,5 @@ def test_a_real_two_rank_run_drifts_without_ddp_and_stays_equal_with_it():
     mean = (three.own_grads[0] + three.own_grads[1]) / 2
     assert torch.allclose(three.grads[0], mean, atol=1e-6)  # what backward() leaves is the mean of the own batches
     assert torch.equal(three.own_grads[0], two.own_grads[0])  # the same seed, data and first batch in steps 2 and 3
+    assert all(torch.equal(g, o) for g, o in zip(two.grads, two.own_grads, strict=True))  # no DDP: p.grad is its own
+    assert len(replicas.figure({1: one, 2: two}).axes) == 8 + 3  # so 02's figure has no p.grad row

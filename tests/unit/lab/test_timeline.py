@@ -1,41 +1,63 @@
-"""workshop_lib.lab.timeline: profiler records sorted into a DDP step's parts, the facts in words, a real 2-rank trace."""
+"""workshop_lib.lab.timeline: profiler records cut into DDP steps, their median, the facts in words, a real 2-rank run."""
 
 from __future__ import annotations
 
+import os
+from types import SimpleNamespace
+
 import matplotlib
 import pytest
+import torch
 
 from workshop_lib.lab import timeline
-from workshop_lib.lab.timeline import ALL_REDUCE, BACKWARD, FORWARD, LAUNCH, Event, ProfiledStep, RankStep
+from workshop_lib.lab.timeline import ALL_REDUCE, BACKWARD, COPY, FORWARD, LAUNCH, OPTIMIZER, Bucket, Event
 
 matplotlib.use("Agg")
 
 MAIN, GLOO_A, GLOO_B = 1, 2, 3
 EVAL = "autograd::engine::evaluate_function: "
+PERIOD = 20_000.0  # µs from one step's forward to the next
 
 
-def rank_events(t0: float, launches: list[float], work: float = 500.0) -> list[Event]:
-    """A profiled DDP step as torch.profiler records it (µs from t0): forward, three backward ops, the
-    AccumulateGrad that launches each bucket, gloo's all-reduce of each on alternating threads, the copies."""
+def step_events(t0: float, launches: list[float], forward: float = 4000.0, work: float = 500.0) -> list[Event]:
+    """One DDP step as torch.profiler records it (µs from t0): forward, three backward ops, the AccumulateGrad that
+    launches each bucket, gloo's all-reduce of each on alternating threads, the copies, the optimizer step.
+    ``forward`` longer than 4000 delays everything after it."""
+    late = forward - 4000.0
     events = [
-        Event("DistributedDataParallel.forward", t0, 4000, MAIN),
+        Event("DistributedDataParallel.forward", t0, forward, MAIN),
         Event("aten::lstm", t0 + 100, 3000, MAIN),  # nested in forward: not a part of its own
-        Event(EVAL + "AddmmBackward0", t0 + 4100, 100, MAIN),
-        Event(EVAL + "MkldnnRnnLayerBackward0", t0 + 4300, 6000, MAIN),
-        Event(EVAL + "EmbeddingBackward0", t0 + 10400, 600, MAIN),  # backward's last op ends at t0 + 11000
-        Event("Optimizer.step#AdamW.step", t0 + 13000, 300, MAIN),
+        Event(EVAL + "AddmmBackward0", t0 + late + 4100, 100, MAIN),
+        Event(EVAL + "MkldnnRnnLayerBackward0", t0 + late + 4300, 6000, MAIN),
+        Event(EVAL + "EmbeddingBackward0", t0 + late + 10400, 600, MAIN),  # backward's last op ends at 11000
+        Event("Optimizer.step#AdamW.step", t0 + late + 13000, 300, MAIN),
     ]
     for i, at in enumerate(launches):
-        events += [Event(EVAL + "torch::autograd::AccumulateGrad", t0 + at - 10, 200, MAIN),
-                   Event("c10d::allreduce_", t0 + at, 100, MAIN),
-                   Event("gloo:all_reduce", t0 + at + 150, work, GLOO_A if i % 2 == 0 else GLOO_B),
-                   Event("torch.distributed.ddp.reducer::copy_bucket_to_grad", t0 + 12500 + 10 * i, 5, MAIN)]
+        events += [Event(EVAL + "torch::autograd::AccumulateGrad", t0 + late + at - 10, 200, MAIN),
+                   Event("c10d::allreduce_", t0 + late + at, 100, MAIN),
+                   Event("gloo:all_reduce", t0 + late + at + 150, work, GLOO_A if i % 2 == 0 else GLOO_B),
+                   Event("torch.distributed.ddp.reducer::copy_bucket_to_grad", t0 + late + 12500 + 10 * i, 5, MAIN)]
     return events
 
 
-def profiled(cap: float | None, launches: list[float]) -> ProfiledStep:
-    ranks = [rank_events(1e9, launches), rank_events(1e9 + 700, launches)]
-    return ProfiledStep(cap, tuple(RankStep(r, timeline.classify(ev, origin=1e9)) for r, ev in enumerate(ranks)), 84_612)
+def rank_records(launches: list[float], steps: int = 3, offset: float = 0.0, slow_step: int | None = None):
+    """A rank's records of ``steps`` back-to-back steps; ``slow_step``'s forward takes 4 ms longer."""
+    events = []
+    for k in range(steps):
+        events += step_events(1e9 + offset + k * PERIOD, launches, forward=8000.0 if k == slow_step else 4000.0)
+    return events
+
+
+ONE = [Bucket(("head.weight", "lstm.weight", "embed.weight"), (8000, 60000, 16612))]
+THREE = [Bucket(("head.weight",), (8000,)), Bucket(("lstm.weight",), (60000,)), Bucket(("embed.weight",), (16612,))]
+
+
+def timelines(steps: int = 3):
+    default = timeline.median_step(None, [(rank_records([11100.0], steps), ONE),
+                                          (rank_records([11100.0], steps, offset=700), ONE)])
+    small = timeline.median_step(0.005, [(rank_records([4250.0, 10350.0, 11100.0], steps), THREE),
+                                         (rank_records([4250.0, 10350.0, 11100.0], steps, offset=700), THREE)])
+    return [default, small]
 
 
 def test_kind_of_names_the_records_of_a_ddp_step_and_leaves_out_the_rest():
@@ -43,69 +65,155 @@ def test_kind_of_names_the_records_of_a_ddp_step_and_leaves_out_the_rest():
     assert timeline.kind_of(EVAL + "MkldnnRnnLayerBackward0") == BACKWARD
     assert timeline.kind_of("c10d::allreduce_") == LAUNCH
     assert timeline.kind_of("gloo:all_reduce") == ALL_REDUCE
-    assert timeline.kind_of("torch.distributed.ddp.reducer::copy_bucket_to_grad") == timeline.COPY
-    assert timeline.kind_of("Optimizer.step#AdamW.step") == timeline.OPTIMIZER
+    assert timeline.kind_of("torch.distributed.ddp.reducer::copy_bucket_to_grad") == COPY
+    assert timeline.kind_of("Optimizer.step#AdamW.step") == OPTIMIZER
     # adding into .grad is where DDP's hook launches a bucket: not one of backward's ops
     for other in (EVAL + "torch::autograd::AccumulateGrad", "aten::lstm", "gloo:barrier", "c10d::barrier"):
         assert timeline.kind_of(other) is None
 
 
-def test_classify_keeps_the_parts_in_ms_from_the_origin_in_order_of_start():
-    spans = timeline.classify(rank_events(5e6, [4250.0]), origin=5e6)
-    assert [s.kind for s in spans] == [FORWARD, BACKWARD, LAUNCH, BACKWARD, ALL_REDUCE, BACKWARD, timeline.COPY,
-                                       timeline.OPTIMIZER]
-    assert (spans[0].start, spans[0].duration) == (0.0, 4.0)
-    gloo = spans[4]
-    assert (gloo.start, gloo.end, gloo.thread) == (4.4, 4.9, GLOO_A)
+def test_records_keeps_a_ddp_steps_parts_on_the_machines_clock():
+    def event(name, start, end, thread=MAIN):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), thread=thread)
+
+    prof = SimpleNamespace(
+        profiler=SimpleNamespace(kineto_results=SimpleNamespace(trace_start_ns=lambda: 5_000_000)),
+        events=lambda: [event("DistributedDataParallel.forward", 10, 40), event("aten::mm", 12, 20),
+                        event("gloo:all_reduce", 50, 80, GLOO_A)])
+    assert timeline.records(prof) == [Event("DistributedDataParallel.forward", 5010.0, 30, MAIN),
+                                      Event("gloo:all_reduce", 5050.0, 30, GLOO_A)]
 
 
-def test_rank_step_knows_when_backward_ends_and_checks_its_parts():
-    rank = profiled(None, [11100.0]).ranks[0]
-    assert rank.backward_end == pytest.approx(11.0)  # the last backward op, not the wait that follows it
-    rank.check()
-    no_gloo = RankStep(0, tuple(s for s in rank.spans if s.kind != ALL_REDUCE))
-    with pytest.raises(AssertionError, match="DDP launched 1 all-reduce"):
-        no_gloo.check()
-    with pytest.raises(AssertionError, match="no forward"):
-        RankStep(1, tuple(s for s in rank.spans if s.kind != FORWARD)).check()
+def test_buckets_reads_ddps_rebuilt_buckets_with_the_parameters_names_and_sizes():
+    module = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))  # 40, 4, 1 elements
+    data = {"has_rebuilt_buckets": 1, "rebuilt_bucket_sizes": "20, 160",
+            "rebuilt_per_bucket_param_indices": "2 1, 0"}
+    ddp = SimpleNamespace(module=module, _get_ddp_logging_data=lambda: data)
+    assert timeline.buckets(ddp) == [Bucket(("1.bias", "1.weight"), (4, 16)), Bucket(("0.weight",), (160,))]
+    with pytest.raises(AssertionError, match="run two first"):
+        timeline.buckets(SimpleNamespace(module=module, _get_ddp_logging_data=lambda: {"has_rebuilt_buckets": 0}))
 
 
-def test_facts_count_the_buckets_and_say_which_all_reduce_overlaps_backward():
-    one_bucket = profiled(None, [11100.0])
-    three = profiled(0.005, [4250.0, 10350.0, 11100.0])
-    assert one_bucket.buckets == 1 and three.buckets == 3
-    assert timeline.facts([one_bucket, three]) == [
-        "bucket_cap_mb=25 (the default): 1 bucket for 84,612 bytes of gradients",
-        "  rank 0: 1 all-reduce, 0 launched before backward's last op ended",
-        "  rank 1: 1 all-reduce, 0 launched before backward's last op ended",
-        "bucket_cap_mb=0.005: 3 buckets for 84,612 bytes of gradients",
-        "  rank 0: 3 all-reduces, 2 launched before backward's last op ended",
-        "  rank 1: 3 all-reduces, 2 launched before backward's last op ended",
+def test_median_step_cuts_the_records_into_steps_on_one_clock():
+    default, small = timelines()
+    assert len(default.steps) == 2 and all(len(rank) == 3 for rank in default.steps)
+    first = default.steps[0][0]
+    assert first.of(FORWARD) == ((0.0, 4.0),)  # ms from the earliest forward of the step on any rank
+    assert default.steps[1][0].of(FORWARD) == ((0.7, 4.7),)  # rank 1 started 0.7 ms later: same clock
+    assert first.backward_end == pytest.approx(11.0)  # the last backward op, not the wait that follows it
+    assert first.returned == pytest.approx(12.505)  # the last averaged bucket copied into .grad
+    assert first.end == pytest.approx(13.3)  # the optimizer step's end
+    assert [s.launched_early for s in small.steps[0]] == [2, 2, 2]  # the third bucket waits for backward's end
+    assert default.label == "bucket_cap_mb=25 (the default): 1 bucket"
+    assert small.label == "bucket_cap_mb=0.005: 3 buckets"
+
+
+def test_the_median_step_is_not_moved_by_one_slow_step():
+    steady = timeline.median_step(None, [(rank_records([11100.0]), ONE), (rank_records([11100.0]), ONE)])
+    noisy = timeline.median_step(None, [(rank_records([11100.0], slow_step=1), ONE), (rank_records([11100.0]), ONE)])
+    assert noisy.steps[0][1].end == pytest.approx(17.3)  # the slow step itself, 4 ms late
+    assert noisy.median == steady.median
+
+
+def test_median_step_refuses_records_that_do_not_match_the_buckets():
+    no_gloo = [e for e in rank_records([11100.0]) if e.name != "gloo:all_reduce"]
+    with pytest.raises(AssertionError, match="1 launches and 0 gloo all-reduces in a step, for 1 buckets"):
+        timeline.median_step(None, [(no_gloo, ONE), (rank_records([11100.0]), ONE)])
+    with pytest.raises(AssertionError, match="different buckets"):
+        timeline.median_step(None, [(rank_records([11100.0]), ONE), (rank_records([11100.0]), THREE)])
+
+
+def test_facts_list_the_buckets_and_the_launches_before_backwards_end():
+    assert timeline.facts(timelines()) == [
+        "bucket_cap_mb=25 (the default): 1 bucket",
+        "  bucket 0: all 3 parameters: 84,612 bytes",
+        "  rank 0: 1 all-reduce a step, 0 launched before backward's last op ended, in each of 3 steps",
+        "  rank 1: 1 all-reduce a step, 0 launched before backward's last op ended, in each of 3 steps",
+        "bucket_cap_mb=0.005: 3 buckets",
+        "  bucket 0: head.weight: 8,000 bytes",
+        "  bucket 1: lstm.weight: 60,000 bytes",
+        "  bucket 2: embed.weight: 16,612 bytes",
+        "  rank 0: 3 all-reduces a step, 2 launched before backward's last op ended, in each of 3 steps",
+        "  rank 1: 3 all-reduces a step, 2 launched before backward's last op ended, in each of 3 steps",
     ]
 
 
+def test_timings_give_the_slower_ranks_medians_against_the_first_bucket_size():
+    lines = timeline.timings(timelines(), {None: [40.0, 41.0], 0.005: [43.0, 45.1]})
+    assert lines[0] == ("backward() returned, median of the 3 profiled steps: 1 bucket 13.2 ms, "
+                        "3 buckets 13.2 ms (+0%)")
+    assert lines[1].startswith("the whole step, median of the 3 profiled steps: 1 bucket 14.0 ms")
+    assert lines[2] == ("the whole step without the profiler, median of A B B A blocks: 1 bucket 41.0 ms, "
+                        "3 buckets 45.1 ms (+10%)")
+
+
+def test_ms_per_step_times_each_run_in_blocks_a_b_b_a():
+    seen = []
+    medians = timeline.ms_per_step({"a": ("A", None), "b": ("B", None)}, lambda m, o, b: seen.append(m), None, 4)
+    assert seen == ["A", "A", "B", "B", "B", "B", "A", "A"] and set(medians) == {"a", "b"}
+
+
+def test_quiet_mutes_native_writes_to_stderr_and_restores_them(capfd):
+    with timeline.quiet():
+        os.write(2, b"profiler_start\n")
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+
+
 def test_draw_gives_a_panel_per_bucket_size_and_two_rows_per_rank(tmp_path):
-    fig = timeline.draw([profiled(None, [11100.0]), profiled(0.005, [4250.0, 10350.0, 11100.0])])
+    fig = timeline.draw(timelines())
     top, bottom = fig.axes
-    assert top.get_title(loc="left") == "bucket_cap_mb=25 (the default): 1 bucket"
-    assert bottom.get_title(loc="left") == "bucket_cap_mb=0.005: 3 buckets"
+    assert top.get_title(loc="left") == "bucket_cap_mb=25 (the default): 1 bucket; median step 14.0 ms (slower rank)"
+    assert bottom.get_title(loc="left").startswith("bucket_cap_mb=0.005: 3 buckets; median step")
     assert [t.get_text() for t in bottom.get_yticklabels()] == ["rank 0", "rank 0: gloo", "rank 1", "rank 1: gloo"]
-    assert "ms since the step began" in bottom.get_xlabel()
+    assert "median of 3 steps" in bottom.get_xlabel()
     fig.savefig(tmp_path / "timeline.png")  # renders without error
+
+
+def _profiled_steps(env, caps, steps):
+    """The notebook's rank function (04b, section 4), on random tokens."""
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    from workshop_lib.model import SmilesLSTM
+
+    def train_step(model, optimizer, b):
+        tokens, lengths, labels = b
+        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    torch.manual_seed(0)
+    b = (torch.randint(1, 40, (16, 30)), torch.full((16,), 30), torch.randint(0, 2, (16,)).float())
+    found, runs = {}, {}
+    for cap in caps:
+        model = DDP(SmilesLSTM(40), bucket_cap_mb=cap)
+        optimizer = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            train_step(model, optimizer, b)
+        with timeline.quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                train_step(model, optimizer, b)
+        found[cap] = timeline.records(prof), timeline.buckets(model)
+        runs[cap] = model, optimizer
+    return found, timeline.ms_per_step(runs, train_step, b, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_real_two_rank_trace_shows_the_all_reduces_against_backward(capsys):
-    default, small = timeline.profile_ddp_step((None, timeline.SMALL_CAP_MB), timeout=90)
-    for step in (default, small):
-        assert len(step.ranks) == 2
-        for rank in step.ranks:
-            assert rank.of(FORWARD) and rank.of(BACKWARD) and rank.of(ALL_REDUCE), rank
-            assert len(rank.of(ALL_REDUCE)) == step.buckets  # gloo's own record, one per bucket
-    assert default.grad_bytes == 84_612 and default.buckets == 1  # under the 1 MiB cap of the first bucket
-    assert small.buckets > default.buckets
-    for one, several in zip(default.ranks, small.ranks, strict=True):
-        assert min(s.start for s in one.of(ALL_REDUCE)) > one.backward_end  # one bucket: it waits for all of backward
-        assert min(s.start for s in several.of(ALL_REDUCE)) < several.backward_end  # overlap
-    assert capsys.readouterr().out.splitlines() == timeline.facts([default, small])
+def test_a_real_two_rank_profile_shows_the_buckets_and_when_they_are_launched():
+    from workshop_lib.lab.forklaunch import notebook_launch
+
+    caps = (None, timeline.SMALL_CAP_MB)
+    ranks = notebook_launch(_profiled_steps, 2, caps, 3, timeout=90)
+    default, small = [timeline.median_step(cap, [found[cap] for found, _ in ranks]) for cap in caps]
+    assert [b.nbytes for b in default.buckets] == [sum(b.nbytes for b in small.buckets)]  # one bucket: all of them
+    assert len(small.buckets) > 1
+    cap = int(timeline.SMALL_CAP_MB * 2**20)
+    assert all(sum(b.sizes[:-1]) < cap <= b.nbytes for b in small.buckets[:-1])  # each closed by its last parameter
+    assert small.buckets[0].names[:2] == ("head.3.bias", "head.3.weight")  # in the order the gradients arrive
+    for t in (default, small):
+        assert all(s.launched_early == len(t.buckets) - 1 for rank in t.steps for s in rank)
+    assert all(set(ms) == set(caps) for _, ms in ranks)

@@ -8,7 +8,13 @@ Two checks, each returning one line per problem (none: all is well):
   notebooks' markdown): a path of the repository (``solutions/step3_ddp.py``, ``../../benchmarks/...``), a
   notebook (``03_ddp.ipynb``) or a test (``test_faults.py::test_master_port_in_use``) must exist.
 
-``python -m workshop_lib.site --check`` runs both after building.
+``python -m tools.site --check`` runs both after building.
+
+Sphinx's own checks come first: the build is nitpicky with warnings as errors, so a ``{doc}``, ``{ref}`` or
+``{download}`` target or an image that is missing fails it. Sphinx's ``linkcheck`` builder adds nothing here
+(tried on Sphinx 8.2 with http(s) ignored: it collected no link at all). It takes only reference nodes with a
+URL, checks a local one as a file path beside its source (never an anchor), and never reads the built pages, the ``<script>``
+and ``<img>`` sources, or the paths and test names that the prose writes in code.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from workshop_lib.paths import REPO_ROOT
+from tools import ROOT
 
 EXTENSIONS = "py|ipynb|md|sh|sbatch|json|csv|png|toml|yml|yaml|cfg|txt"
 _PATH = re.compile(rf"(?<![\w/.$-])((?:\.\.?/)*(?:[\w.-]+/)*[\w-][\w.-]*\.(?:{EXTENSIONS}))(?:::(\w+))?(?![\w/])")
@@ -77,12 +83,12 @@ def check_html(root: Path) -> list[str]:
 
 
 def _tests() -> dict[str, Path]:
-    return {p.name: p for p in (REPO_ROOT / "tests").rglob("test_*.py")}
+    return {p.name: p for p in (ROOT / "tests").rglob("test_*.py")}
 
 
 def references(text: str, source: Path) -> list[str]:
     """The repository files ``text`` (from ``source``) names that are not there, one line each."""
-    top = {p.name for p in REPO_ROOT.iterdir()} - set(NOT_IN_THE_REPOSITORY)
+    top = {p.name for p in ROOT.iterdir()} - set(NOT_IN_THE_REPOSITORY)
     problems = []
     for match in _PATH.finditer(text):
         token, test = match.group(1), match.group(2)
@@ -90,11 +96,11 @@ def references(text: str, source: Path) -> list[str]:
         if first in (".", ".."):
             path = (source.parent / token).resolve()
         elif "/" in token and first in top:
-            path = REPO_ROOT / token
+            path = ROOT / token
         elif "/" not in token and token.startswith("test_") and token.endswith(".py"):
-            path = _tests().get(token, REPO_ROOT / "tests" / token)
+            path = _tests().get(token, ROOT / "tests" / token)
         elif "/" not in token and _NOTEBOOK.match(token):
-            path = REPO_ROOT / "notebooks" / token
+            path = ROOT / "notebooks" / token
         else:
             continue  # a file of the learner's (runs/...), a placeholder, a file outside the repository
         if not path.is_file():
@@ -108,14 +114,14 @@ def check_sources(docs: Path | None = None) -> list[str]:
     """Problems of the site's sources: the pages, the README and the notebooks' markdown."""
     import nbformat
 
-    docs = docs or REPO_ROOT / "docs"
+    docs = docs or ROOT / "docs"
     sources = [p for p in sorted(docs.rglob("*.md")) if not {"_build", "episodes"} & set(p.relative_to(docs).parts)]
     problems = []
-    for path in [*sources, REPO_ROOT / "README.md"]:
-        name = path.relative_to(REPO_ROOT).as_posix()
+    for path in [*sources, ROOT / "README.md"]:
+        name = path.relative_to(ROOT).as_posix()
         for n, line in enumerate(path.read_text().splitlines(), 1):
             problems += [f"{name}:{n}: {p}" for p in references(line, path)]
-    for path in sorted((REPO_ROOT / "notebooks").glob("*.ipynb")):
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "markdown":
                 problems += [f"notebooks/{path.name} cell {cell.get('id')}: {p}" for p in references(cell.source, path)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workshop_lib.lab import jupyter_settings
+from tools import jupyter_settings
 
 
 def test_the_settings_turn_the_news_prompt_off_where_jupyterlab_reads_them(tmp_path, monkeypatch):

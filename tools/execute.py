@@ -45,5 +45,5 @@ def execute(path: Path, timeout: int = 600) -> None:
             done = ran.get(cell.get("id"))
             if cell.cell_type == "code" and done is not None and done.source == cell.source:
                 cell.outputs, cell.execution_count = done.outputs, done.execution_count
-                if "execution" in done.metadata:  # when it ran: lab/budget.py counts the run time from it
+                if "execution" in done.metadata:  # when it ran: tools/budget.py counts the run time from it
                     cell.metadata["execution"] = done.metadata["execution"]

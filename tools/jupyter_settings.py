@@ -5,7 +5,7 @@ JupyterLab reads default settings from ``labconfig/default_setting_overrides.jso
 Jupyter config directory; a learner's own settings still win. An editable install
 (``pip install -e .``) cannot put files outside the package, so the set-up runs::
 
-    python -m workshop_lib.lab.jupyter_settings     # into <sys.prefix>/etc/jupyter/labconfig/
+    python -m tools.jupyter_settings     # into <sys.prefix>/etc/jupyter/labconfig/
 
 which merges the repository's ``jupyter-config/labconfig/default_setting_overrides.json`` into
 the environment's file (other keys there are kept).
@@ -17,9 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from workshop_lib.paths import REPO_ROOT, write_atomic
+from tools import ROOT
+from workshop_lib.paths import write_atomic
 
-SHIPPED = REPO_ROOT / "jupyter-config" / "labconfig" / "default_setting_overrides.json"
+SHIPPED = ROOT / "jupyter-config" / "labconfig" / "default_setting_overrides.json"
 
 
 def install(config_dir: Path | None = None) -> Path:

@@ -1,14 +1,19 @@
 """How long a notebook takes a newcomer: the count every stated time comes from.
 
 A newcomer reads technical prose at about 150 words a minute and code at about
-15 lines a minute, and spends about 4 minutes on an exercise; the cells' own run
-time, measured when the notebook was last executed, comes on top::
+15 lines a minute, and spends about 8 minutes on an exercise: its hint, the one
+entry of the torch docs the hint names, writing, running the check, one retry.
+Longer reading that a hint or a cell sends the learner to says its own minutes,
+``Read (N min):``, and they count on top. The cells' own run time, measured when
+the notebook was last executed, comes on top too::
 
-    minutes = words / 150 + code lines / 15 + 4 * exercises + run seconds / 60
+    minutes = words / 150 + code lines / 15 + 8 * exercises + reading minutes + run seconds / 60
 
 * words: the words of the markdown cells;
-* code lines: the non-blank lines of the code cells, comments included (a learner reads them);
+* code lines: the non-blank lines of the code cells as the learner gets them (the exercise version: a span's hint
+  and its ``raise NotImplementedError``, not the solution they write), comments included (a learner reads them);
 * exercises: the solution spans (``### BEGIN SOLUTION``), one per thing the learner writes;
+* reading: every ``Read (N min)`` in a markdown cell or a code cell's comments;
 * run time: each code cell's ``metadata.execution`` (nbclient records it), from input to reply.
 
 A notebook is cut into sections at its ``## `` headings; what comes before the
@@ -16,7 +21,7 @@ first one (the title, the set-up cell) belongs to the notebook only. A section
 states its time at the end of its heading, ``## 2. Backends (4 min)``; the
 notebook states its total in its first cell, ``**Time: about 25 minutes.**``.
 
-    python -m workshop_lib.build --times     # the table: stated against counted, per notebook and section
+    python -m tools.build --times     # the table: stated against counted, per notebook and section
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from workshop_lib.lab.spans import BEGIN
+from workshop_lib.lab.spans import BEGIN, exercise_source
 
-WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE = 150, 15, 4
+WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE = 150, 15, 8
+_READING = re.compile(r"Read \((\d+) min\)")
 _SECTION = re.compile(r"^## (?P<title>.+?)\s*$", re.M)
 _STATED_SECTION = re.compile(r"\((?:about )?(\d+) min\)\s*$")
 _STATED_NOTEBOOK = re.compile(r"\*\*Time: about (\d+) min(?:utes)?\b")
@@ -43,18 +49,20 @@ class Count:
     words: int = 0
     code_lines: int = 0
     exercises: int = 0
+    reading: int = 0  # minutes of reading the notebook sends the learner to ("Read (N min):")
     run_s: float = 0.0
     parts: list[Count] = field(default_factory=list)
 
     @property
     def minutes(self) -> float:
         return (self.words / WORDS_PER_MIN + self.code_lines / LINES_PER_MIN
-                + MIN_PER_EXERCISE * self.exercises + self.run_s / 60)
+                + MIN_PER_EXERCISE * self.exercises + self.reading + self.run_s / 60)
 
     def add(self, other: Count) -> None:
         self.words += other.words
         self.code_lines += other.code_lines
         self.exercises += other.exercises
+        self.reading += other.reading
         self.run_s += other.run_s
 
     def off(self) -> str | None:
@@ -89,10 +97,12 @@ def cell_count(cell) -> Count:
     """What one cell adds: raw cells (the script-only lines) are not shown to the learner as such."""
     source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
     c = Count("")
+    if cell.cell_type in ("markdown", "code"):
+        c.reading = sum(int(m) for m in _READING.findall(source))
     if cell.cell_type == "markdown":
         c.words = len(source.split())
     elif cell.cell_type == "code":
-        c.code_lines = sum(1 for line in source.splitlines() if line.strip())
+        c.code_lines = sum(1 for line in exercise_source(source).splitlines() if line.strip())
         c.exercises = sum(1 for line in source.splitlines() if line.strip() == BEGIN)
         c.run_s = _run_seconds(cell)
     return c
@@ -123,10 +133,10 @@ def count(path: Path) -> Count:
 
 def table(counts: list[Count]) -> str:
     """The stated times against the counted ones, one row per notebook and section."""
-    rows = [f"{'':54} {'stated':>6} {'count':>6} {'words':>6} {'code':>5} {'ex':>3} {'run s':>6}"]
+    rows = [f"{'':54} {'stated':>6} {'count':>6} {'words':>6} {'code':>5} {'ex':>3} {'read':>4} {'run s':>6}"]
     for nb in counts:
         for c, indent in [(nb, "")] + [(p, "  ") for p in nb.parts]:
             stated = "-" if c.stated is None else str(c.stated)
             rows.append(f"{(indent + c.title)[:54]:54} {stated:>6} {c.minutes:6.1f} {c.words:6d} "
-                        f"{c.code_lines:5d} {c.exercises:3d} {c.run_s:6.0f}")
+                        f"{c.code_lines:5d} {c.exercises:3d} {c.reading:4d} {c.run_s:6.0f}")
     return "\n".join(rows)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from workshop_lib.lab import sitelinks
-from workshop_lib.paths import REPO_ROOT
+from tools import ROOT, sitelinks
 
 
 def test_broken_links_anchors_and_network_resources_are_named(tmp_path):
@@ -22,7 +21,7 @@ def test_broken_links_anchors_and_network_resources_are_named(tmp_path):
 
 
 def test_files_notebooks_and_tests_the_text_names_must_exist():
-    page = REPO_ROOT / "docs" / "reference" / "faults.md"
+    page = ROOT / "docs" / "reference" / "faults.md"
     text = ("`solutions/step3_ddp.py`, `solutions/step9_gone.py`, `03_ddp.ipynb` and `04_gone.ipynb`, "
             "`test_faults.py::test_master_port_in_use`, `test_faults.py::test_nothing_like_it`, "
             "[results](../../benchmarks/results/results.md), [old](../../benchmarks/results/old.md)")
@@ -37,4 +36,4 @@ def test_files_notebooks_and_tests_the_text_names_must_exist():
 def test_what_runs_write_and_placeholders_are_not_the_repositorys():
     text = ("`runs/mine/step2_sampler.py`, `OUT/snapshot.pt`, `script.py`, `BBBP.csv`, `exercises/NN_*.ipynb`, "
             "`stepN_*.py`, `/tmp/notebook-launch-.../all.log`, `python solutions/stepN_*.py`")
-    assert sitelinks.references(text, REPO_ROOT / "README.md") == []
+    assert sitelinks.references(text, ROOT / "README.md") == []

@@ -10,78 +10,17 @@ import nbformat
 import pytest
 
 from tests.conftest import REPO
-from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import build
-
-CELL = """def f(x):
-    y = x + 1
-    # TODO: double y
-    ### BEGIN SOLUTION
-    y = 2 * y
-    ### END SOLUTION
-    return y"""
+from tests.unit.lab.test_scripts import _tiny_notebook
+from tests.unit.lab.test_spans import CELL, DEBUG_CELL
+from tools import build
+from workshop_lib.lab import scripts
 
 
 def test_generated_files_are_up_to_date():
-    proc = subprocess.run([sys.executable, "-m", "workshop_lib.build", "--check"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.build", "--check"], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "up to date" in proc.stdout
-
-
-def test_solution_drops_the_hint_and_the_markers():
-    assert build.solution_source(CELL) == "def f(x):\n    y = x + 1\n    y = 2 * y\n    return y"
-
-
-def test_a_hint_may_run_over_several_comment_lines():
-    cell = ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n    ### BEGIN SOLUTION\n    x = 2 * x\n"
-            "    ### END SOLUTION\n    return x")
-    assert build.solution_source(cell) == "def f(x):\n    x = 2 * x\n    return x"
-    assert build.exercise_source(cell) == ("def f(x):\n    # TODO: double x\n    #       (read: the docs)\n"
-                                           '    raise NotImplementedError("fill in the TODO above")\n    return x')
-    with pytest.raises(WorkshopError, match=r"needs a '# TODO: \.\.\.' hint just above"):
-        build.solution_source("# a comment, not a hint\n### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n")
-
-
-def test_exercise_keeps_the_hint_and_raises_at_its_indent():
-    ex = build.exercise_source(CELL)
-    assert ex == ('def f(x):\n    y = x + 1\n    # TODO: double y\n'
-                  '    raise NotImplementedError("fill in the TODO above")\n    return y')
-    namespace = {}
-    exec(ex, namespace)
-    with pytest.raises(NotImplementedError):
-        namespace["f"](1)
-
-
-@pytest.mark.parametrize(("source", "message"), [
-    ("# TODO: x\n### BEGIN SOLUTION\nx = 1\n", "never closed"),
-    ("x = 1\n### END SOLUTION\n", "has no '### BEGIN SOLUTION'"),
-    ("### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n", "needs a '# TODO: ...' hint"),
-    ("# TODO: x\n### BEGIN SOLUTION\n# TODO: y\n### BEGIN SOLUTION\n", "inside another span"),
-    # a debugging lab's bug: commented out (the solution notebook must not run it), in a whole block
-    ("### BEGIN BROKEN\ny = None\n### END BROKEN\n### BEGIN SOLUTION\ny = 1\n### END SOLUTION", "not commented out"),
-    ("# y = None\n### END BROKEN\n### BEGIN SOLUTION\ny = 1\n### END SOLUTION", "has no '### BEGIN BROKEN'"),
-])
-def test_broken_markers_are_errors_naming_the_cell(source, message):
-    with pytest.raises(WorkshopError, match=message):
-        build.exercise_source(source, "nb.ipynb cell 3")
-
-
-def _tiny_notebook():
-    v4 = nbformat.v4
-    nb = v4.new_notebook()
-    cells = [v4.new_markdown_cell("# Tiny\n\nIntro."),
-             v4.new_raw_cell('"""Doc."""\n\nfrom __future__ import annotations'),
-             v4.new_code_cell("import math"),
-             v4.new_code_cell(CELL),
-             v4.new_code_cell("print(f(1))", outputs=[v4.new_output("stream", name="stdout", text="4\n")]),
-             v4.new_raw_cell('if __name__ == "__main__":\n    print(f(1))')]
-    for i, cell in enumerate(cells):
-        cell.id = f"c{i}"
-    for i in (1, 2, 3, 5):
-        cells[i].metadata["tags"] = ["script:tiny"]
-    nb.cells = cells
-    return nb
 
 
 @pytest.fixture
@@ -89,11 +28,10 @@ def tiny_repo(tmp_path, monkeypatch):
     for name in ("notebooks", "solutions", "exercises"):
         (tmp_path / name).mkdir()
     nbformat.write(_tiny_notebook(), tmp_path / "notebooks" / "00_tiny.ipynb")
-    monkeypatch.setattr(build, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(build, "ROOT", tmp_path)
     monkeypatch.setattr(build, "NOTEBOOKS", tmp_path / "notebooks")
     monkeypatch.setattr(build, "SOLUTIONS", tmp_path / "solutions")
     monkeypatch.setattr(build, "EXERCISES", tmp_path / "exercises")
-    monkeypatch.setattr(build, "MINE", tmp_path / "mine")
     return tmp_path
 
 
@@ -102,7 +40,7 @@ def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
     assert sorted(p.relative_to(tiny_repo).as_posix() for p in written) == [
         "exercises/00_tiny.ipynb", "exercises/tiny.py", "solutions/tiny.py"]
     solution = (tiny_repo / "solutions" / "tiny.py").read_text()
-    assert solution.startswith("# Generated from notebooks/00_tiny.ipynb by `python -m workshop_lib.build`: do not edit.\n")
+    assert solution.startswith("# Generated from notebooks/00_tiny.ipynb by `python -m tools.build`: do not edit.\n")
     body = solution.split("\n", 2)[2]
     assert body == ('"""Doc."""\n\nfrom __future__ import annotations\n\nimport math\n\n\n'
                     'def f(x):\n    y = x + 1\n    y = 2 * y\n    return y\n\n\n'
@@ -136,23 +74,11 @@ def test_check_names_each_stale_file_and_fails(tiny_repo, capsys):
     assert (tiny_repo / "solutions" / "tiny.py").read_text() == "# edited by hand\n"  # --check changes nothing
 
 
-def test_write_script_uses_the_cells_as_run(tiny_repo, monkeypatch, capsys):
-    monkeypatch.chdir(tiny_repo / "notebooks")
-    monkeypatch.setattr(build, "_ran", {"c3": "def f(x):\n    # TODO: double y\n    return 3 * x"})
-    path = build.write_script("00_tiny.ipynb")
-    assert path == tiny_repo / "mine" / "tiny.py"
-    text = path.read_text()
-    assert text.startswith("# Your tiny, written from 00_tiny.ipynb") and "return 3 * x" in text
-    assert "do not edit" not in text
-    with pytest.raises(WorkshopError, match="not found"):
-        build.write_script("nope.ipynb")
-
-
 def test_every_solution_notebook_has_stored_outputs_and_a_header_free_source():
     for path in build.source_notebooks():
         nb = nbformat.read(path, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
-        assert any(c.outputs for c in code), f"{path.name} has no stored outputs: run python -m workshop_lib.build --execute"
+        assert any(c.outputs for c in code), f"{path.name} has no stored outputs: run python -m tools.build --execute"
         assert all(not c.source.startswith("# Generated from") for c in code)
 
 
@@ -200,7 +126,7 @@ def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
 
     build.build()
     solution = (tiny_repo / "solutions" / "tiny.py").read_text()
-    assert solution.splitlines()[:2] == ["# Generated from notebooks/00_tiny.ipynb by `python -m workshop_lib.build`: "
+    assert solution.splitlines()[:2] == ["# Generated from notebooks/00_tiny.ipynb by `python -m tools.build`: "
                                          "do not edit.", "# (and cells of notebooks/01_lender.ipynb)"]
     order = [solution.index(s) for s in ('"""Doc."""', "import math", "def f(", "def g(", "def main(", "if __name__")]
     assert order == sorted(order)  # docstring and imports, the body in notebook order, main, the guard
@@ -209,7 +135,7 @@ def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
     proc = subprocess.run([sys.executable, tiny_repo / "solutions" / "tiny.py"], capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout == "4\n"
-    assert build.script_homes(build._read_sources()) == {"tiny": "notebooks/00_tiny.ipynb",
+    assert build.script_homes(scripts.solution_notebooks(build.NOTEBOOKS)) == {"tiny": "notebooks/00_tiny.ipynb",
                                                          "lender": "notebooks/01_lender.ipynb"}
 
 
@@ -223,32 +149,6 @@ def test_each_exercise_notebook_opens_with_where_the_learner_is(path):
     assert stated, f"{path.name}: the first cell states no '**Time: about N minutes.**'"
     assert first.startswith(f"**Where you are:** {lab['step']}. **Time:** about {stated.group(1)} minutes. "
                             f"**At the end you have:** {lab['outcome']}.")
-
-
-DEBUG_CELL = """def f(x, rank):
-    ### BEGIN BROKEN
-    # y = x + 1 if rank == 0 else None  # only rank 0 needs it
-    #
-    #     # an indented comment stays a comment
-    ### END BROKEN
-    ### BEGIN SOLUTION
-    y = x + 1
-    ### END SOLUTION
-    return y"""
-
-
-def test_a_debugging_lab_gives_the_learner_the_bug_and_no_hint():
-    """The exercise holds the broken code (uncommented) and nothing of the fix; the solution holds only the fix."""
-    ex = build.exercise_source(DEBUG_CELL)
-    assert ex == ("def f(x, rank):\n    y = x + 1 if rank == 0 else None  # only rank 0 needs it\n\n"
-                  "        # an indented comment stays a comment\n    return y")
-    assert "TODO" not in ex and "NotImplementedError" not in ex and "BROKEN" not in ex
-    assert build.solution_source(DEBUG_CELL) == "def f(x, rank):\n    y = x + 1\n    return y"
-    namespace: dict = {}
-    exec(ex, namespace)
-    assert namespace["f"](1, rank=1) is None  # the bug runs in the exercise
-    exec(DEBUG_CELL, namespace)
-    assert namespace["f"](1, rank=1) == 2  # the solution notebook runs its cell as it is: the bug is a comment
 
 
 def test_the_exercise_header_says_when_cells_hold_a_bug():

@@ -1,11 +1,11 @@
-"""The count every stated time comes from: words/150 + code lines/15 + 4 per exercise + run time."""
+"""The count every stated time comes from: words/150 + code lines/15 + 8 per exercise + reading + run time."""
 
 from __future__ import annotations
 
 import nbformat
 import pytest
 
-from workshop_lib.lab import budget
+from tools import budget
 
 EXERCISE = "x = 1\n\n# TODO: set y\n### BEGIN SOLUTION\ny = 2\n### END SOLUTION\n"
 
@@ -31,24 +31,34 @@ def test_the_count_of_a_notebook_and_its_sections(tmp_path):
     c = budget.count(_notebook(tmp_path))
     assert (c.title, c.stated, c.exercises) == ("nb", 5, 1)
     assert c.words == 150 + 151 + 5  # title and intro; heading and section prose; the recap
-    assert c.code_lines == 2 + 5 + 1  # blank lines left out; comments, hints and markers counted
+    assert c.code_lines == 2 + 3 + 1  # blank lines left out; comments and hints counted; the span as the learner gets it
     assert c.run_s == pytest.approx(30)
-    assert c.minutes == pytest.approx(306 / 150 + 8 / 15 + 4 + 0.5)
+    assert c.minutes == pytest.approx(306 / 150 + 6 / 15 + 8 + 0.5)
     section, recap = c.parts
     assert (section.title, section.stated) == ("1. A section (3 min)", 3)
-    assert section.minutes == pytest.approx(151 / 150 + 6 / 15 + 4 + 0.5)  # the set-up cell belongs to the notebook only
+    assert section.minutes == pytest.approx(151 / 150 + 4 / 15 + 8 + 0.5)  # the set-up cell belongs to the notebook only
     assert recap.stated == 1 and recap.words == 5
 
 
 def test_a_stated_time_off_by_more_than_a_third_is_named(tmp_path):
-    c = budget.count(_notebook(tmp_path, section_time=3, total=7))
-    section = c.parts[0]  # counts 5.9 min: 3 is off by more than a third, 7 is not
-    assert section.off() == "'1. A section (3 min)' states 3 min; the count says 6 min"
+    c = budget.count(_notebook(tmp_path, section_time=5, total=11))
+    section = c.parts[0]  # counts 9.8 min: 5 is off by more than a third, 11 is not
+    assert section.off() == "'1. A section (5 min)' states 5 min; the count says 10 min"
     assert c.off() is None
-    assert budget.count(_notebook(tmp_path, section_time=6)).parts[0].off() is None
+    assert budget.count(_notebook(tmp_path, section_time=10)).parts[0].off() is None
     assert "states no time" in budget.Count("Recap").off()
 
 
 def test_the_table_has_a_row_per_notebook_and_section(tmp_path):
     rows = budget.table([budget.count(_notebook(tmp_path))]).splitlines()
     assert len(rows) == 1 + 3 and rows[1].startswith("nb ") and rows[2].startswith("  1. A section")
+
+
+def test_reading_a_cell_sends_the_learner_to_counts_its_stated_minutes(tmp_path):
+    path = _notebook(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].source += "\n\nRead (5 min): the DistributedSampler docs."
+    nbformat.write(nb, path)
+    c = budget.count(path)
+    assert c.reading == 5 and c.parts[0].reading == 5
+    assert c.minutes == pytest.approx((306 + 6) / 150 + 6 / 15 + 8 + 5 + 0.5)

@@ -7,7 +7,8 @@ import itertools
 import nbformat
 import pytest
 
-from workshop_lib.lab import episodes, site
+from tools import site
+from tools.site import episodes, lab_site
 
 EXERCISE = '''def make_sampler(dataset, env):
     # TODO: return a sampler that gives this rank its own shard.
@@ -89,12 +90,12 @@ def test_pages_of_notebooks_that_are_gone_are_removed(tmp_path, monkeypatch):
 def test_the_schedule_and_the_readme_rows_come_from_the_notebooks(tmp_path, monkeypatch):
     source = tiny_notebook(tmp_path)
     monkeypatch.setattr(episodes.build, "source_notebooks", lambda: [source])
-    table = site.schedule("all")
+    table = lab_site.schedule("all")
     assert "| {doc}`07_tiny </episodes/07_tiny>`: A tiny lab | ~9 min | a sampler |" in table
     assert table.endswith("| **total**: 1 notebook(s) | **9 min** | |")
-    assert site.schedule("core").splitlines()[-1] == "| **total**: 0 notebook(s) | **0 min** | |"
-    assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | 5 min | |" in site.schedule("all", sections=True)
-    assert site.readme_rows() == "| `07_tiny` | A tiny lab | ~9 min | `solutions/step7_tiny.py` |"
+    assert lab_site.schedule("core").splitlines()[-1] == "| **total**: 0 notebook(s) | **0 min** | |"
+    assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | 5 min | |" in lab_site.schedule("all", sections=True)
+    assert lab_site.readme_rows() == "| `07_tiny` | A tiny lab | ~9 min | `solutions/step7_tiny.py` |"
     assert episodes.hours(130) == "2 h 10 min"
 
 
@@ -130,13 +131,13 @@ def test_the_plan_fills_the_session_with_the_stated_times_a_break_and_a_buffer(t
         path = tiny_notebook(tmp_path / name)
         sources.append(path.rename(path.with_name(f"{name}.ipynb")))
     monkeypatch.setattr(episodes.build, "source_notebooks", lambda: sources)
-    rows = site.plan(180)
+    rows = lab_site.plan(180)
     assert sum(m for _, m, _ in rows) == 180 and rows[0][0] == 0
     assert all(start + m == after for (start, m, _), (after, _, _) in itertools.pairwise(rows))  # no gap, no overlap
     names = [what for _, _, what in rows]
     assert names.index("break") == 4 and "02_c" in names[3]  # the break after 02
     # 4 notebooks of 9 min: 180 - 15 - 10 - 15 - 4 x (9 + 3) = 92 min of buffer, shared out evenly
     assert [m for _, m, what in rows if "episodes" in what] == [35, 35, 35, 35]
-    assert site.plan_table(180).splitlines()[-1] == "| 3:00 | | end |"
+    assert lab_site.plan_table(180).splitlines()[-1] == "| 3:00 | | end |"
     with pytest.raises(ValueError, match="does not fit"):
-        site.plan(60)
+        lab_site.plan(60)

@@ -1,6 +1,6 @@
 """The lesson site's episodes: each solution notebook, as a page with its time, objectives, exercises and key points.
 
-The site (``docs/``, built by ``python -m workshop_lib.site``) renders the solution notebooks with
+The site (``docs/``, built by ``python -m tools.site``) renders the solution notebooks with
 their stored outputs and never runs them. Before Sphinx reads its sources, :func:`write_episodes`
 writes one page per notebook of ``notebooks/`` into ``docs/episodes/`` (git-ignored): the notebook
 itself, with sphinx-lesson's boxes added around what is already there::
@@ -13,7 +13,8 @@ itself, with sphinx-lesson's boxes added around what is already there::
     a raw cell          shown as Python (the script-only lines: module docstring, the __main__ guard)
     ## Recap            its bullets in a key-points box
 
-Times come from the notebooks (:mod:`workshop_lib.lab.budget`), so the site always agrees with them.
+Times come from the notebooks (``tools/budget.py``), so the site always agrees with them. This module is part of
+the site's Sphinx extension (``docs/_ext/``, loaded by ``docs/conf.py``), outside the installed package.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.lab import budget, build, spans
-from workshop_lib.paths import REPO_ROOT
+from tools import ROOT, budget, build
+from workshop_lib.lab import spans
 
 CORE = ("00_", "01_", "02_", "03_")  # the core path of the 3-hour lab; the rest are optional parts
-DOCS = REPO_ROOT / "docs"
+DOCS = ROOT / "docs"
 EPISODES = DOCS / "episodes"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -172,7 +173,7 @@ def card(ep: Episode, questions: list[str]) -> str:
         rows.append(("At the end you have", ep.outcome))
     if ep.scripts:
         rows.append(("Scripts", ", ".join(_file(f"solutions/{s}.py") for s in ep.scripts
-                                          if (REPO_ROOT / "solutions" / f"{s}.py").is_file()) or "none"))
+                                          if (ROOT / "solutions" / f"{s}.py").is_file()) or "none"))
     parts = [_fence("admonition", ":class: important\n\n" + "\n".join(f"* **{k}:** {v}" for k, v in rows),
                     "This episode")]
     if questions:

@@ -1,15 +1,15 @@
 """Is this machine ready for the lab? One command, a few seconds, one line::
 
-    python -m workshop_lib.selftest
+    python -m tools.selftest
 
 It checks what the lab needs, the slow parts at the same time:
 
 * torch imports;
 * two Gloo ranks all-reduce: two fresh Python processes join one group (on a file store, so no port is
   needed) and sum ``rank + 1``; 30 s at most;
-* the dataset is there: ``dataset/b3db_classification.csv`` with its SMILES and labels;
+* the dataset is there: the shipped table (the default of ``--data``) with its SMILES and labels;
 * JupyterLab starts: a real server on a free local port, stopped as soon as it serves the lab's page; 60 s at most;
-* the lab's JupyterLab settings are installed (``python -m workshop_lib.lab.jupyter_settings``).
+* the lab's JupyterLab settings are installed (``python -m tools.jupyter_settings``).
 
 It prints ``ready: ...`` and exits 0, or ``not ready: ...`` naming each thing that is missing and its fix,
 in one line, and exits 1.
@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from workshop_lib.paths import DEFAULT_DATA, REPO_ROOT
+from tools import ROOT
 
-INSTALL = "pip install torch==2.13.0 -e \".[test]\" (the set-up page)"
+INSTALL = "pip install torch==2.13.0 -e \".[lab]\" (the set-up page)"
 
 # One rank: join a group of 2 on a file store, all-reduce rank + 1, print the sum.
 RANK = """\
@@ -95,18 +95,22 @@ def check_all_reduce(timeout: float = 30.0, rank_code: str = RANK) -> Result:
     return Result(True, f"2 Gloo ranks all-reduced in {seconds:.1f} s")
 
 
-def check_dataset(path: Path = DEFAULT_DATA) -> Result:
-    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+def check_dataset(path: Path | None = None) -> Result:
+    """The table ``path`` (default: the one the scripts read, ``TrainConfig().data``) holds the lab's columns."""
+    if path is None:
+        from workshop_lib.config import TrainConfig
+
+        path = Path(TrainConfig().data)
+    shown = path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
     if not path.is_file():
-        return Result(False, f"{shown} is missing: it ships with the repository; clone it whole "
-                             f"(git checkout -- {shown})")
+        return Result(False, f"{shown} is missing: it ships with the package; install it again: {INSTALL}")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = {"smiles", "p_np"} - set(reader.fieldnames or [])
         rows = sum(1 for _ in reader)
     if missing or rows == 0:
         return Result(False, f"{shown} is not the lab's table (columns {reader.fieldnames}, {rows} rows): "
-                             f"git checkout -- {shown}")
+                             f"install it again: {INSTALL}")
     return Result(True, f"{shown}: {rows:,} molecules")
 
 
@@ -124,7 +128,7 @@ def check_jupyterlab(timeout: float = 60.0, command: list[str] | None = None) ->
         try:
             server = subprocess.Popen(
                 [*command, "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-                 "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={REPO_ROOT}",
+                 "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}",
                  *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],
                 stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as err:
@@ -157,7 +161,7 @@ def _version(command: list[str]) -> str:
 
 
 def check_settings(config_dir: Path | None = None) -> Result:
-    from workshop_lib.lab import jupyter_settings
+    from tools import jupyter_settings
 
     target = Path(config_dir or Path(sys.prefix) / "etc" / "jupyter") / "labconfig" / jupyter_settings.SHIPPED.name
     wanted = json.loads(jupyter_settings.SHIPPED.read_text())
@@ -166,7 +170,7 @@ def check_settings(config_dir: Path | None = None) -> Result:
     except (OSError, ValueError):
         have = {}
     if any(have.get(plugin, {}).get(k) != v for plugin, settings in wanted.items() for k, v in settings.items()):
-        return Result(False, "the lab's JupyterLab settings are not installed: python -m workshop_lib.lab.jupyter_settings")
+        return Result(False, "the lab's JupyterLab settings are not installed: python -m tools.jupyter_settings")
     return Result(True, "the lab's JupyterLab settings installed")
 
 
@@ -192,7 +196,13 @@ def verdict(results: list[Result]) -> tuple[int, str]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        raise SystemExit(f"usage: python -m workshop_lib.selftest (no arguments; got {' '.join(argv)})")
+        raise SystemExit(f"usage: python -m tools.selftest (no arguments; got {' '.join(argv)})")
     code, line = verdict(run())
     print(line, file=sys.stderr if code else sys.stdout, flush=True)
     raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    from workshop_lib.lab.cli import run_cli
+
+    raise SystemExit(run_cli(main))

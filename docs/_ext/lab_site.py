@@ -1,38 +1,29 @@
-"""The lesson site: the Sphinx extension that ``docs/conf.py`` loads, and the one command that builds it.
+"""The lesson site's Sphinx extension, loaded by ``docs/conf.py``; ``python -m tools.site`` builds the site.
 
-::
-
-    python -m workshop_lib.site            # docs/_build/html, warnings as errors, offline; prints where it is
-    python -m workshop_lib.site --open     # the same, then opens the home page in a browser
-    python -m workshop_lib.site --check    # the same, then checks every link (lab/sitelinks.py)
-    python -m workshop_lib.site --fresh    # every page read again (done by itself when the episodes changed)
-
-The extension writes the episode pages from the notebooks before Sphinx reads anything
-(:mod:`workshop_lib.lab.episodes`), and gives the pages what must agree with the repository:
+It writes the episode pages from the notebooks before Sphinx reads anything (``episodes.py`` beside it),
+and gives the pages what must agree with the repository:
 
 * ``{lab-schedule}`` (options ``:part: core|optional|all``, ``:sections:``): the schedule, from the notebooks'
   stated times;
 * ``{lab-plan}``: the core path in a three-hour session (start times, the break, the buffer), from the same times;
 * ``{lab-time}`core``` (or ``optional``, ``all``, a notebook's name): those minutes, as "2 h 10 min";
 * ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``).
+
+Not installed with the package: it lives beside the pages it serves (``docs/_ext/``, Sphinx's convention).
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import itertools
 import re
-import sys
-import time
-import webbrowser
 from pathlib import Path
 from typing import ClassVar
 
-from workshop_lib.lab import episodes
-from workshop_lib.paths import REPO_ROOT
+import episodes  # docs/_ext/episodes.py (docs/conf.py puts this folder on sys.path)
 
-HTML = episodes.DOCS / "_build" / "html"
+from tools import ROOT
+
 QUESTIONS = "episodes.yaml"  # beside conf.py: the questions each episode answers, by notebook name
 _UNTIMED = re.compile(r"\s*\((?:about )?\d+ min[^)]*\)\s*$")  # a heading's stated time, shown in its own column
 
@@ -127,7 +118,7 @@ def _code(script: Path) -> list[str]:
 
 def step_diffs(context: int = 0) -> list[tuple[str, str, str]]:
     """(earlier script, later script, the unified diff of their code) for each pair of consecutive steps."""
-    steps = sorted((REPO_ROOT / "solutions").glob("step[0-9]*.py"))
+    steps = sorted((ROOT / "solutions").glob("step[0-9]*.py"))
     out = []
     for before, after in itertools.pairwise(steps):
         a, b = _code(before), _code(after)
@@ -179,8 +170,8 @@ def setup(app):
         def run(self):
             out = []
             for before, after, diff in step_diffs(self.options.get("context", 0)):
-                self.env.note_dependency(str(REPO_ROOT / "solutions" / after))
-                self.env.note_dependency(str(REPO_ROOT / "solutions" / before))
+                self.env.note_dependency(str(ROOT / "solutions" / after))
+                self.env.note_dependency(str(ROOT / "solutions" / before))
                 title = nodes.paragraph(text=f"{before} → {after}")
                 block = nodes.literal_block(diff, diff, language="diff")
                 out += [title, block]
@@ -199,78 +190,3 @@ def setup(app):
     app.add_directive("lab-plan", Plan)
     app.add_role("lab-time", lab_time)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
-
-
-# ---- the command -------------------------------------------------------------------------------------------------
-
-STAMP = ".lab-pages"  # in the output folder: the generated pages and files of the last build, one a line
-# Sphinx's files in the output folder that hold pages of earlier builds (a page gone stays there): a fresh build
-# removes them. The copies of the files the pages offer, the pages' sources, the parsed pages, the episodes, the
-# search index.
-GENERATED = ("_downloads", "_sources", ".doctrees", "episodes", "searchindex.js", STAMP)
-
-
-def generated_pages() -> list[str]:
-    """What the built site holds because a notebook exists: each episode page and the scripts it offers."""
-    return sorted({f"episodes/{e.name}" for e in episodes.episodes()}
-                  | {f"solutions/{s}.py" for e in episodes.episodes() for s in e.scripts})
-
-
-def needs_fresh(out: Path, pages: list[str]) -> bool:
-    """Whether ``out`` must be built afresh: its last build made other pages (or none is recorded).
-
-    An incremental build reads only the sources that changed, so a page linking to an episode that is gone
-    (or to a new one) would keep its old links, and the copies of removed files would stay in ``_downloads``."""
-    stamp = out / STAMP
-    return not stamp.is_file() or stamp.read_text().splitlines() != pages
-
-
-def build(out: Path = HTML, fresh: bool = False) -> float:
-    """Build the site into ``out`` (warnings are errors, nitpicky, no network); the seconds it took.
-
-    Afresh (every page read again, the files of earlier builds removed) with ``fresh`` or when the episodes
-    changed."""
-    import shutil
-
-    from sphinx.cmd.build import build_main
-
-    pages = generated_pages()
-    args = ["-W", "--keep-going", "-n", "-q", "-b", "html", str(episodes.DOCS), str(out)]
-    if fresh or needs_fresh(out, pages):
-        args.insert(0, "-E")
-        for made in GENERATED:  # what Sphinx keeps of earlier builds; it makes them again for the pages there are
-            shutil.rmtree(out / made, ignore_errors=True) if (out / made).is_dir() else (out / made).unlink(True)
-    start = time.monotonic()
-    code = build_main(args)
-    if code:
-        raise SystemExit(f"error: the site did not build (sphinx-build exit {code}); the warnings above say why")
-    (out / STAMP).write_text("\n".join(pages) + "\n")
-    return time.monotonic() - start
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workshop_lib.site", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HTML, help="where the HTML goes (default: docs/_build/html)")
-    parser.add_argument("--fresh", action="store_true", help="read every page again (no incremental build)")
-    parser.add_argument("--open", action="store_true", help="open the home page in a browser afterwards")
-    parser.add_argument("--check", action="store_true", help="check every link of the built site afterwards")
-    parser.add_argument("--schedule", action="store_true", help="only print the README's schedule rows (no build)")
-    args = parser.parse_args(argv)
-    if args.schedule:
-        print(readme_rows())
-        return 0
-    seconds = build(args.out, args.fresh)
-    home = args.out / "index.html"
-    print(f"site built in {seconds:.0f} s: {home}")
-    if args.check:
-        from workshop_lib.lab import sitelinks
-
-        problems = sitelinks.check(args.out)
-        if problems:
-            print("\n".join(problems), file=sys.stderr)
-            return 1
-        print("every link resolves")
-    if args.open:
-        webbrowser.open(home.resolve().as_uri())
-    return 0
-

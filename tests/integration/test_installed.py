@@ -1,0 +1,78 @@
+"""Installed, it works: ``pip install .`` (not editable) into a fresh environment, then step 3 from another folder.
+
+The fresh environment gets no network: the package is built with
+``--no-build-isolation``, and the dependencies come from this environment, named
+in a ``.pth`` file of the fresh one (its own site-packages come first, so
+``workshop_lib`` is the installed copy; a ``.pth`` line adds a folder without
+running that folder's own ``.pth`` files, so this environment's editable install
+stays out). Step 3 then runs under torchrun (``python -m torch.distributed.run``,
+the module the ``torchrun`` command runs) on the shipped dataset, which is package
+data, and writes its run under the folder it was started from.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SOLUTIONS, cpu_env
+
+SOURCE = ("workshop_lib", "pyproject.toml", "README.md", "LICENSE")  # what `pip install .` builds from
+
+
+def _site_packages(python: Path) -> Path:
+    done = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return Path(done.stdout.strip())
+
+
+def _fresh_env(where: Path) -> Path:
+    """A new virtual environment whose only packages are this one's dependencies (read in place, via a .pth)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    (_site_packages(python) / "deps_of_the_test_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pip_install_then_step3_from_another_folder_trains_on_the_shipped_dataset(tmp_path):
+    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info beside the sources
+    for name in SOURCE:
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (REPO / name).is_dir() else {}))
+    python = _fresh_env(tmp_path / "venv")
+    env = cpu_env()
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                           "--no-build-isolation", "--no-index", "--quiet", str(source)],
+                          capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    elsewhere = tmp_path / "elsewhere"  # neither the clone nor one of its folders
+    elsewhere.mkdir()
+    shutil.copy(SOLUTIONS / "step3_ddp.py", elsewhere / "step3_ddp.py")
+    where = subprocess.run([str(python), "-c", "import workshop_lib.paths as p; print(p.__file__); "
+                            "print(p.DEFAULT_DATA.is_file())"], capture_output=True, text=True, timeout=60,
+                           env=env, cwd=elsewhere)
+    installed, shipped = where.stdout.split()
+    assert Path(installed).is_relative_to(_site_packages(python)), installed  # the installed copy, not the clone
+    assert shipped == "True"  # the dataset is package data
+
+    run = subprocess.run([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "step3_ddp.py", "--limit", "300", "--epochs", "1", "--no-tensorboard"],
+                         capture_output=True, text=True, timeout=240, env=env, cwd=elsewhere)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert "data: workshop_lib/dataset/b3db_classification.csv" in run.stdout  # the package's copy
+    metrics = json.loads((elsewhere / "runs" / "latest" / "metrics.json").read_text())  # under the current folder
+    assert metrics["world_size"] == 2 and metrics["epochs"] == 1, metrics
+    assert 0.0 <= metrics["heldout_roc_auc"] <= 1.0
+    assert metrics["config"]["data"].endswith("workshop_lib/dataset/b3db_classification.csv")
+    assert "metrics: runs/latest/metrics.json" in run.stdout

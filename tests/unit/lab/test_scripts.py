@@ -1,0 +1,63 @@
+"""A learner's script, written from the notebook as they ran it: the text the generator writes, their edits in it."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from tests.conftest import REPO
+from tests.unit.lab.test_spans import CELL
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab import scripts
+
+STEPS = {"01_process_group.ipynb": "step1_process_group", "02_distributed_sampler.ipynb": "step2_sampler",
+         "03_ddp.ipynb": "step3_ddp", "04a_patterns.ipynb": "step4_snapshots"}
+
+
+def _tiny_notebook():
+    v4 = nbformat.v4
+    nb = v4.new_notebook()
+    cells = [v4.new_markdown_cell("# Tiny\n\nIntro."),
+             v4.new_raw_cell('"""Doc."""\n\nfrom __future__ import annotations'),
+             v4.new_code_cell("import math"),
+             v4.new_code_cell(CELL),
+             v4.new_code_cell("print(f(1))", outputs=[v4.new_output("stream", name="stdout", text="4\n")]),
+             v4.new_raw_cell('if __name__ == "__main__":\n    print(f(1))')]
+    for i, cell in enumerate(cells):
+        cell.id = f"c{i}"
+    for i in (1, 2, 3, 5):
+        cells[i].metadata["tags"] = ["script:tiny"]
+    nb.cells = cells
+    return nb
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A course folder: one solution notebook in notebooks/, the kernel in exercises/ (as a learner's is)."""
+    for name in ("notebooks", "exercises"):
+        (tmp_path / name).mkdir()
+        nbformat.write(_tiny_notebook(), tmp_path / name / "00_tiny.ipynb")
+    return tmp_path
+
+
+def test_write_script_uses_the_cells_as_run(course, monkeypatch, capsys):
+    monkeypatch.chdir(course / "exercises")
+    monkeypatch.setattr(scripts, "_ran", {"c3": "def f(x):\n    # TODO: double y\n    return 3 * x"})
+    path = scripts.write_script("00_tiny.ipynb")
+    assert path == course / "runs" / "mine" / "tiny.py"  # in the course folder, whichever folder the kernel is in
+    assert capsys.readouterr().out.startswith("wrote runs/mine/tiny.py (")
+    text = path.read_text()
+    assert text.startswith("# Your tiny, written from 00_tiny.ipynb") and "return 3 * x" in text
+    assert "do not edit" not in text
+    with pytest.raises(WorkshopError, match="not found"):
+        scripts.write_script("nope.ipynb")
+
+
+@pytest.mark.parametrize(("notebook", "name"), STEPS.items())
+def test_a_solution_notebook_as_saved_writes_the_generated_script(notebook, name, monkeypatch, tmp_path):
+    """The cells lent by earlier notebooks (step 1's main, step 2's loader) sit where the generator puts them."""
+    monkeypatch.setattr(scripts, "_ran", {})
+    mine = scripts.write_script(REPO / "notebooks" / notebook, name, to=tmp_path / f"{name}.py").read_text()
+    generated = (REPO / "solutions" / f"{name}.py").read_text()
+    header = ("# Generated from", "# (and cells of", "# Edit the cells")
+    assert mine.splitlines()[1:] == [line for line in generated.splitlines() if not line.startswith(header)]

@@ -1,0 +1,154 @@
+"""A step's script, written from the notebook as the learner ran it: ``write_script`` in the learner's kernel.
+
+A notebook's cells tagged ``script:<name>`` make the script ``<name>.py``: the docstring and imports first,
+then the other cells in notebook order, ``def main``, the ``__main__`` guard. Steps 2 to 4 borrow cells of
+earlier notebooks (step 1's ``main``), taken as solved. In a notebook::
+
+    from workshop_lib.lab import scripts
+    scripts.track_cells()                                  # once, in the set-up cell
+    scripts.write_script("03_ddp.ipynb", "step3_ddp")       # -> runs/mine/step3_ddp.py, your version
+
+The same text, from the solution notebooks, is what ``python -m tools.build`` writes to solutions/ and
+exercises/ (the course's generator, outside the package). Solution spans: :mod:`workshop_lib.lab.spans`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from workshop_lib.errors import WorkshopError
+from workshop_lib.lab.spans import exercise_source, solution_source
+from workshop_lib.paths import write_atomic
+
+SCRIPT_TAG = "script:"
+MINE = Path("runs", "mine")  # under the course folder: the learner's versions of the scripts (git-ignored)
+GENERATED_BY = "python -m tools.build"  # what writes solutions/ and exercises/ (named in their first line)
+_STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
+
+
+def script_names(cell) -> list[str]:
+    return [t[len(SCRIPT_TAG):] for t in cell.get("metadata", {}).get("tags", []) if t.startswith(SCRIPT_TAG)]
+
+
+def _join(pieces: Sequence[str]) -> str:
+    """One blank line between pieces, two before a top-level def/class/guard (PEP 8)."""
+    text = ""
+    for piece in pieces:
+        piece = piece.strip("\n")
+        if text:
+            text += "\n\n\n" if _STARTS_BLOCK.match(piece) else "\n\n"
+        text += piece
+    return text + "\n"
+
+
+def _kind(source: str) -> int:
+    """Where a cell goes in its script: 0 the docstring and imports, 1 the body, 2 ``def main``, 3 the guard."""
+    code = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    while code and code[0].startswith("@"):  # a decorated function is placed by its def
+        code.pop(0)
+    first = code[0] if code else ""
+    if first.startswith("if __name__"):
+        return 3
+    if first.startswith(('"""', "import ", "from ")):
+        return 0
+    return 2 if first.startswith("def main(") else 1
+
+
+def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
+                others: Sequence[tuple[str, object]] = (), noqa: str = "") -> str:
+    """The script ``name`` from the cells tagged ``script:<name>`` (``sources``: replacement text by cell id).
+
+    ``nb`` (``source_name``) is the script's home notebook; ``others`` are (name, notebook) pairs of the
+    notebooks that lend it cells (steps 2 to 4 share step 1's ``main``), taken as solutions. In the
+    script: the home's docstring and imports, then every other cell in notebook order (00_, 01_, ...),
+    ``def main``, the ``__main__`` guard. ``noqa``: a last header line for an exercise version.
+    """
+    placed = []
+    notebooks = sorted([(nb, source_name, True)] + [(o, n, False) for n, o in others], key=lambda t: Path(t[1]).name)
+    for order, (where_nb, nb_name, home) in enumerate(notebooks):
+        for i, cell in enumerate(where_nb.cells):
+            if name not in script_names(cell):
+                continue
+            src = (sources or {}).get(cell.get("id"), cell.source) if home else cell.source
+            where = f"{nb_name} cell {i}"
+            text = exercise_source(src, where) if exercise and home else solution_source(src, where)
+            kind = _kind(text)
+            placed.append(((kind, -home if kind == 0 else 0, order, i), text))
+    if not placed:
+        raise WorkshopError(f"{source_name} has no cell tagged {SCRIPT_TAG}{name}; tag the script's cells")
+    lenders = sorted(n for n, o in others if any(name in script_names(c) for c in o.cells))
+    header = [f"# Generated from {source_name} by `{GENERATED_BY}`: do not edit."]
+    header += [f"# (and cells of {lender})" for lender in lenders]
+    header.append(f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild.")
+    if noqa:
+        header.append(noqa)
+    return "\n".join(header) + "\n" + _join([text for _, text in sorted(placed, key=lambda p: p[0])])
+
+
+def solution_notebooks(folder: Path) -> dict[str, object]:
+    """The solution notebooks of ``folder`` (00_baseline ... 05_...), read, by their path under its parent."""
+    import nbformat
+
+    return {f"{folder.name}/{p.name}": nbformat.read(p, as_version=4)
+            for p in sorted(Path(folder).glob("[0-9][0-9]*_*.ipynb"))}
+
+
+# ------------------------------------------------------------- in the learner's kernel
+
+_ran: dict[str, str] = {}  # cell id -> the source this kernel last ran successfully
+
+
+def _record(result) -> None:
+    info = result.info
+    if getattr(info, "cell_id", None) and result.success:
+        _ran[info.cell_id] = info.raw_cell
+
+
+def track_cells() -> None:
+    """Remember what each cell last ran, so write_script sees edits you ran but did not save yet."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is not None and _record not in ip.events.callbacks["post_run_cell"]:
+        ip.events.register("post_run_cell", _record)
+
+
+def write_script(notebook: str | Path, name: str | None = None, to: Path | None = None) -> Path:
+    """Write this notebook's script, as you ran its cells, to runs/mine/<name>.py; return the path.
+
+    ``notebook`` is the notebook's file (relative to the kernel's directory, which
+    is the notebook's). Cells you ran since track_cells() count as run; the
+    others as saved. The cells it borrows from other notebooks come from the
+    solution notebooks (notebooks/ beside the notebook's folder). runs/mine is
+    in the course folder, the one holding the notebook's folder. The result is
+    your version: a TODO still open raises NotImplementedError when the script
+    reaches it.
+    """
+    import nbformat
+
+    path = Path(notebook).resolve()
+    if not path.is_file():
+        raise WorkshopError(f"notebook {notebook} not found from {Path.cwd()}; pass its file name")
+    course = path.parent.parent
+    nb = nbformat.read(path, as_version=4)
+    names = list(dict.fromkeys(n for cell in nb.cells for n in script_names(cell)))
+    if name is None:
+        if len(names) != 1:
+            raise WorkshopError(f"{path.name} has scripts {names}; say which with name=")
+        name = names[0]
+    others = [(n, o) for n, o in solution_notebooks(course / "notebooks").items()
+              if Path(n).name != path.name]  # lent cells, as solved
+    text = script_text(nb, name, path.name, exercise=False, sources=_ran, others=others)
+    lines = text.split("\n")
+    while lines[0].startswith(("# Generated from", "# (and cells of", "# Edit the cells")):
+        lines.pop(0)  # without the "generated, do not edit" header: this one is yours
+    body = "\n".join(lines)
+    text = f"# Your {name}, written from {path.name} by workshop_lib.lab.scripts.write_script.\n" + body
+    out = Path(to) if to else course / MINE / f"{name}.py"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, text.encode())  # a job may be starting from the last version: never half written
+    print(f"wrote {out.relative_to(course) if out.is_relative_to(course) else out} "
+          f"({text.count(chr(10))} lines)")
+    return out

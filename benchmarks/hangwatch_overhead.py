@@ -29,9 +29,8 @@ from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
 from workshop_lib.debug import hangwatch
 from workshop_lib.model import SmilesLSTM
-from workshop_lib.paths import REPO_ROOT
 
-RESULTS = REPO_ROOT / "benchmarks" / "results" / "hangwatch_overhead.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "hangwatch_overhead.json"
 
 
 def step_times(model, loader, optimizer, epochs: int) -> list[float]:

@@ -36,7 +36,8 @@ def _fresh_env(where: Path) -> Path:
     """A new virtual environment whose only packages are this one's dependencies (read in place, via a .pth)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
     python = where / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
-    (_site_packages(python) / "deps_of_the_test_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    ours = dict.fromkeys(sysconfig.get_path(kind) for kind in ("purelib", "platlib"))  # torch lies in platlib
+    (_site_packages(python) / "deps_of_the_test_env.pth").write_text("".join(f"{path}\n" for path in ours))
     return python
 
 

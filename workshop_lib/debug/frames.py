@@ -40,6 +40,9 @@ def is_library(path: str, core_is_library: bool = False) -> bool:
         return not path.startswith("<ipython-input")
     if not os.path.isabs(path) and path.split("/", 1)[0] in ("torch", "threading.py", "runpy.py"):
         return True
+    if not os.path.isabs(path) and path.split("/", 1)[0] == "workshop_lib":  # py-spy's short name: from anywhere
+        full = os.path.join(os.path.dirname(_PACKAGE), path)
+        return is_tool(full) or core_is_library
     full = os.path.abspath(path)
     if any(marker in full for marker in _INSTALLED) or full.startswith(_STDLIB) or is_tool(full):
         return True

@@ -244,6 +244,10 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     name = getattr(fn, "__name__", repr(fn))
     if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
         fn, args = spawning.pack(fn, args, name), ()
+        if os.name == "posix":  # spawn's helper process, started now: not one of this launch's, which a stop kills
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
     # Port 0: the rendezvous store binds a free port itself (as torchrun --standalone does).
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",

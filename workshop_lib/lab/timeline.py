@@ -2,10 +2,12 @@
 
 Notebook 04b profiles the steps itself, on 2 forked ranks, so that the learner reads
 the profiler's lines (:func:`quiet` keeps the profiler's own C++ log lines out of the
-cell). Each rank returns :func:`records` of its profile and :func:`buckets` of its DDP
-model, and times the same steps again without the profiler (:func:`ms_per_step`).
-:func:`median_step` cuts each rank's records into steps (each begins with DDP's
-forward) and takes the median of every part over the steps; :func:`facts` says in
+cell): the bucket sizes take turns, a step each, inside one profile, each step in a span
+named ``bucket_cap_mb=...`` (``torch.profiler.record_function``). Each rank returns
+:func:`records` of its profile and :func:`buckets` of its DDP models, and times the same
+steps again without the profiler (:func:`ms_per_step`). :func:`median_step` cuts each
+rank's records into the steps of one bucket size and takes the median of every part
+over the steps; :func:`facts` says in
 words what does not change from run to run (the buckets, how many all-reduces were
 launched before backward ended), :func:`timings` what does (the medians, in ms), and
 :func:`draw` shows the median step of each rank.
@@ -24,11 +26,13 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
 PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
+STEP = "step"  # a span the notebook names with torch.profiler.record_function(f"bucket_cap_mb={cap}")
+STEP_PREFIX = "bucket_cap_mb="
 _EXACT = {"DistributedDataParallel.forward": FORWARD, "c10d::allreduce_": LAUNCH, "gloo:all_reduce": ALL_REDUCE,
           "torch.distributed.ddp.reducer::copy_bucket_to_grad": COPY}
 _BACKWARD_PREFIX = "autograd::engine::evaluate_function: "
@@ -47,9 +51,11 @@ class Event:
 
 
 def kind_of(name: str) -> str | None:
-    """Which part of a DDP step a profiler record is, or None for one the timeline leaves out."""
+    """Which part of a DDP step a profiler record is (STEP: the step itself, as the notebook named it), or None."""
     if name in _EXACT:
         return _EXACT[name]
+    if name.startswith(STEP_PREFIX):
+        return STEP
     if name.startswith(_BACKWARD_PREFIX):  # AccumulateGrad: adding to .grad, where DDP's hook runs (and launches)
         return None if name.endswith("AccumulateGrad") else BACKWARD
     return OPTIMIZER if name.startswith("Optimizer.step#") else None
@@ -78,18 +84,15 @@ def quiet():
 def ms_per_step(runs: dict, step: Callable, batch, steps: int) -> dict:
     """Median ms of ``step(model, optimizer, batch)`` for each ``runs[key] = (model, optimizer)``, without a profiler.
 
-    Each run takes ``steps`` steps in two blocks, in the order A B B A, so that a drift in the machine's load
-    falls on all runs alike (alternating every step would be fairer still, but switching models costs time of its
-    own). Every rank must call it with the same runs in the same order: each step all-reduces.
+    The runs take turns, one step each, so that a change in the machine's load falls on all of them alike.
+    Every rank must call it with the same runs in the same order: each step all-reduces.
     """
     times: dict = {key: [] for key in runs}
-    for order in (list(runs), list(runs)[::-1]):
-        for key in order:
-            model, optimizer = runs[key]
-            for _ in range(steps // 2):
-                start = time.perf_counter()
-                step(model, optimizer, batch)
-                times[key].append(1000 * (time.perf_counter() - start))
+    for _ in range(steps):
+        for key, (model, optimizer) in runs.items():
+            start = time.perf_counter()
+            step(model, optimizer, batch)
+            times[key].append(1000 * (time.perf_counter() - start))
     return {key: statistics.median(t) for key, t in times.items()}
 
 
@@ -149,14 +152,22 @@ class Step:
         return sum(start < self.backward_end for start, _ in self.of(LAUNCH))
 
 
-def _steps(events: Iterable[Event], origins: Sequence[float]) -> list[Step]:
-    """One rank's records cut into steps: step k holds what started between its k-th and (k+1)-th forward."""
-    found = sorted((e for e in events if kind_of(e.name) is not None), key=lambda e: e.start)
-    forwards = [e.start for e in found if kind_of(e.name) == FORWARD]
-    assert len(forwards) == len(origins), f"{len(forwards)} forwards on this rank, {len(origins)} on another"
-    bounds = [*forwards[1:], float("inf")]
+def _windows(events: Sequence[Event], bucket_cap_mb: float | None) -> list[tuple[float, float]]:
+    """When each step of this bucket size ran (µs): its named span, or (none named) from a forward to the next."""
+    named = [e for e in events if kind_of(e.name) == STEP]
+    if named:
+        mine = sorted((e.start, e.start + e.duration) for e in named if e.name == f"{STEP_PREFIX}{bucket_cap_mb}")
+        assert mine, f"no step named {STEP_PREFIX}{bucket_cap_mb} among {sorted({e.name for e in named})}"
+        return mine
+    forwards = sorted(e.start for e in events if kind_of(e.name) == FORWARD)
+    return list(zip(forwards, [*forwards[1:], float("inf")], strict=True))
+
+
+def _steps(events: Sequence[Event], windows: Sequence[tuple[float, float]], origins: Sequence[float]) -> list[Step]:
+    """One rank's records cut into steps: step k holds the parts that started in its k-th window (ms from origin k)."""
+    found = sorted((e for e in events if kind_of(e.name) not in (None, STEP)), key=lambda e: e.start)
     steps = []
-    for begin, stop, origin in zip(forwards, bounds, origins, strict=True):
+    for (begin, stop), origin in zip(windows, origins, strict=True):
         parts: dict[str, list[tuple[float, float]]] = {}
         for e in found:
             if begin <= e.start < stop:
@@ -206,15 +217,20 @@ class Timeline:
 def median_step(bucket_cap_mb: float | None, per_rank: Sequence[tuple[Sequence[Event], Sequence[Bucket]]]) -> Timeline:
     """Each rank's (records of several steps, DDP's buckets) as steps on one clock, and their median.
 
-    Step k of every rank is measured from the same origin: the earliest start of step k's forward on any rank.
+    A rank's steps of this bucket size are the spans named ``f"bucket_cap_mb={bucket_cap_mb}"`` when the
+    records hold any (steps of several bucket sizes profiled in turns), else the time from one forward to
+    the next. Step k of every rank is measured from the same origin: the earliest start of its forward on any rank.
     """
     events = [list(records) for records, _ in per_rank]
     kept = [list(b) for _, b in per_rank]
     assert all(b == kept[0] for b in kept), "the ranks' DDP models hold different buckets"
-    forwards = [sorted(e.start for e in rank if kind_of(e.name) == FORWARD) for rank in events]
-    assert forwards[0] and len({len(f) for f in forwards}) == 1, f"forwards per rank: {[len(f) for f in forwards]}"
-    origins = [min(starts) for starts in zip(*forwards, strict=True)]
-    steps = tuple(tuple(_steps(rank, origins)) for rank in events)
+    windows = [_windows(rank, bucket_cap_mb) for rank in events]
+    assert len({len(w) for w in windows}) == 1, f"steps per rank: {[len(w) for w in windows]}"
+    forwards = [[min((e.start for e in rank if kind_of(e.name) == FORWARD and a <= e.start < b), default=None)
+                 for a, b in w] for rank, w in zip(events, windows, strict=True)]
+    assert all(f is not None for rank in forwards for f in rank), "a step without DDP's forward"
+    origins = [min(starts) for starts in zip(*forwards, strict=True)]  # µs: the earliest forward of step k
+    steps = tuple(tuple(_steps(rank, w, origins)) for rank, w in zip(events, windows, strict=True))
     timeline = Timeline(bucket_cap_mb, tuple(kept[0]), steps, tuple(_median(s) for s in steps))
     timeline.check()
     return timeline
@@ -251,7 +267,7 @@ def timings(timelines: Sequence[Timeline], unprofiled: dict | None = None) -> li
              row(f"the whole step, median of the {steps} profiled steps",
                  {t.bucket_cap_mb: max(m.end for m in t.median) for t in timelines})]
     if unprofiled:
-        lines.append(row("the whole step without the profiler, median of A B B A blocks",
+        lines.append(row("the whole step without the profiler, in turns",
                          {k: max(v) for k, v in unprofiled.items()}))
     return lines
 

@@ -53,3 +53,10 @@ def test_since_fork_drops_the_kernel_frames_before_a_forked_rank_started():
         ("/tmp/ipykernel_1/2.py", 5, "check_all_reduce", "")])
     assert [f.name for f in frames.since_fork(stack)] == ["check_all_reduce"]
     assert [f.name for f in frames.users(stack)] == ["<module>", "check_all_reduce"]
+
+
+def test_py_spys_short_names_of_the_tools_are_library_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # diagnose run outside the clone: a relative name must not resolve against it
+    assert frames.is_library("workshop_lib/watch.py") and frames.is_library("workshop_lib/debug/hangwatch.py")
+    assert not frames.is_library("workshop_lib/data.py")
+    assert frames.is_library("workshop_lib/data.py", core_is_library=True)

@@ -143,14 +143,31 @@ def test_timings_give_the_slower_ranks_medians_against_the_first_bucket_size():
     assert lines[0] == ("backward() returned, median of the 3 profiled steps: 1 bucket 13.2 ms, "
                         "3 buckets 13.2 ms (+0%)")
     assert lines[1].startswith("the whole step, median of the 3 profiled steps: 1 bucket 14.0 ms")
-    assert lines[2] == ("the whole step without the profiler, median of A B B A blocks: 1 bucket 41.0 ms, "
-                        "3 buckets 45.1 ms (+10%)")
+    assert lines[2] == "the whole step without the profiler, in turns: 1 bucket 41.0 ms, 3 buckets 45.1 ms (+10%)"
 
 
-def test_ms_per_step_times_each_run_in_blocks_a_b_b_a():
+def test_ms_per_step_times_the_runs_in_turns():
     seen = []
-    medians = timeline.ms_per_step({"a": ("A", None), "b": ("B", None)}, lambda m, o, b: seen.append(m), None, 4)
-    assert seen == ["A", "A", "B", "B", "B", "B", "A", "A"] and set(medians) == {"a", "b"}
+    medians = timeline.ms_per_step({"a": ("A", None), "b": ("B", None)}, lambda m, o, b: seen.append(m), None, 3)
+    assert seen == ["A", "B", "A", "B", "A", "B"] and set(medians) == {"a", "b"}
+
+
+def test_steps_of_several_bucket_sizes_in_turns_are_told_apart_by_their_named_spans():
+    def in_turns(offset: float = 0.0) -> list[Event]:
+        events = []
+        for k in range(3):  # default, small, default, small, ...: one step each, a span named after its cap
+            for j, (cap, launches) in enumerate(((None, [11100.0]), (0.005, [4250.0, 10350.0, 11100.0]))):
+                t0 = 1e9 + offset + (2 * k + j) * PERIOD
+                events += [Event(f"bucket_cap_mb={cap}", t0 - 50, 13400, MAIN), *step_events(t0, launches)]
+        return events
+
+    default = timeline.median_step(None, [(in_turns(), ONE), (in_turns(700), ONE)])
+    small = timeline.median_step(0.005, [(in_turns(), THREE), (in_turns(700), THREE)])
+    assert [len(rank) for rank in default.steps] == [3, 3] and [len(rank) for rank in small.steps] == [3, 3]
+    assert all(s.launched_early == 0 for s in default.steps[0]) and all(s.launched_early == 2 for s in small.steps[1])
+    assert default.steps[1][0].of(FORWARD) == ((0.7, 4.7),)  # each step from its own origin, on one clock
+    with pytest.raises(AssertionError, match="no step named bucket_cap_mb=1"):
+        timeline.median_step(1, [(in_turns(), ONE), (in_turns(), ONE)])
 
 
 def test_quiet_mutes_native_writes_to_stderr_and_restores_them(capfd):
@@ -174,7 +191,7 @@ def _profiled_steps(env, caps, steps):
     """The notebook's rank function (04b, section 4), on random tokens."""
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     from workshop_lib.model import SmilesLSTM
 
@@ -187,18 +204,19 @@ def _profiled_steps(env, caps, steps):
 
     torch.manual_seed(0)
     b = (torch.randint(1, 40, (16, 30)), torch.full((16,), 30), torch.randint(0, 2, (16,)).float())
-    found, runs = {}, {}
+    runs = {}
     for cap in caps:
         model = DDP(SmilesLSTM(40), bucket_cap_mb=cap)
-        optimizer = torch.optim.AdamW(model.parameters())
+        runs[cap] = model, torch.optim.AdamW(model.parameters())
         for _ in range(2):
-            train_step(model, optimizer, b)
-        with timeline.quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                train_step(model, optimizer, b)
-        found[cap] = timeline.records(prof), timeline.buckets(model)
-        runs[cap] = model, optimizer
-    return found, timeline.ms_per_step(runs, train_step, b, 2)
+            train_step(*runs[cap], b)
+    with timeline.quiet(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            for cap in caps:
+                with record_function(f"bucket_cap_mb={cap}"):
+                    train_step(*runs[cap], b)
+    buckets = {cap: timeline.buckets(model) for cap, (model, _) in runs.items()}
+    return timeline.records(prof), buckets, timeline.ms_per_step(runs, train_step, b, 2)
 
 
 @pytest.mark.slow
@@ -208,7 +226,8 @@ def test_a_real_two_rank_profile_shows_the_buckets_and_when_they_are_launched():
 
     caps = (None, timeline.SMALL_CAP_MB)
     ranks = notebook_launch(_profiled_steps, 2, caps, 3, timeout=90)
-    default, small = [timeline.median_step(cap, [found[cap] for found, _ in ranks]) for cap in caps]
+    default, small = [timeline.median_step(cap, [(found, buckets[cap]) for found, buckets, _ in ranks]) for cap in caps]
+    assert [len(rank) for rank in default.steps] == [len(rank) for rank in small.steps] == [3, 3]
     assert [b.nbytes for b in default.buckets] == [sum(b.nbytes for b in small.buckets)]  # one bucket: all of them
     assert len(small.buckets) > 1
     cap = int(timeline.SMALL_CAP_MB * 2**20)
@@ -216,4 +235,4 @@ def test_a_real_two_rank_profile_shows_the_buckets_and_when_they_are_launched():
     assert small.buckets[0].names[:2] == ("head.3.bias", "head.3.weight")  # in the order the gradients arrive
     for t in (default, small):
         assert all(s.launched_early == len(t.buckets) - 1 for rank in t.steps for s in rank)
-    assert all(set(ms) == set(caps) for _, ms in ranks)
+    assert all(set(ms) == set(caps) for _, _, ms in ranks)

@@ -78,23 +78,20 @@ def lr_minutes() -> str:
     return f"{sum(seen.values()) / 60:.0f}"
 
 
-def slots_ratio(kind: str) -> float:
-    """Token slots per real token of random or bucketed batches (stored output of notebook 04b's nb04b-seconds-count)."""
-    text = output_text(cell("04b_memory_and_scaling.ipynb", "nb04b-seconds-count"))
-    return float(re.search(rf"{kind} batches of 64\s*: [\d,]+ token slots computed, ([\d.]+)x", text).group(1))
-
-
-def timeline_printed(pattern: str) -> str:
-    """A group of the facts notebook 03's timeline cell printed (stored output of cell ddp-timeline)."""
-    found = re.search(pattern, output_text(cell("03_ddp.ipynb", "ddp-timeline")))
-    return found.group(1) if found else "?"
-
-
 BENCHMARKS_PAGE = "docs/reference/benchmarks.md"  # the site's page that quotes the benchmark's figures
 
 # (where, pattern with one group: the number as written, the true value formatted as the prose should write it)
 Claim = tuple[str, str, Callable[[], str]]
 CLAIMS: list[Claim] = [
+    ("04b_memory_and_scaling.ipynb#nb04b-ring-md",
+     r"(\d\.\d\d)x the throughput of 1 process at the default global batch of 128",
+     lambda: f"{ddp_2x1_over_1x1():.2f}"),
+    ("04b_memory_and_scaling.ipynb#nb04b-ring-md", r"global batch of 128, (\d\.\d\d)x at 256",
+     lambda: f"{ddp_2x1_over_1x1(256):.2f}"),
+    ("04b_memory_and_scaling.ipynb#nb04b-ring-md", r"x at 256 and (\d\.\d\d)x at 512",
+     lambda: f"{ddp_2x1_over_1x1(512):.2f}"),
+    ("04b_memory_and_scaling.ipynb#nb04b-ring-md", r"the benchmark measured 2 processes at (\d\.\d\d)x",
+     lambda: f"{ratio('2 procs x 1 thread / 1 proc x 2 threads (target'):.2f}"),
     ("04b_memory_and_scaling.ipynb#nb04b-seconds-md", r"trains on BBBP for about (\d+) minutes",
      lambda: f"{recipe('original', 'BBBP.csv')['wall_seconds'] / 60:.0f}"),
     ("04a_patterns.ipynb#nb04a-lr-runs-md", r"That took about (\d+) minutes of runs", lr_minutes),
@@ -135,8 +132,8 @@ def test_prose_figure_matches_its_source(where, pattern, truth):
 def test_claim_patterns_would_catch_a_drift():
     """The check is not vacuous: a sentence with another number fails it."""
     where, pattern, truth = CLAIMS[0]
-    drifted = re.sub(pattern, lambda m: m.group(0).replace(m.group(1), "0.111"), prose(where))
-    assert re.findall(pattern, drifted) == ["0.111"] != [truth()]
+    drifted = re.sub(pattern, lambda m: m.group(0).replace(m.group(1), "9.99"), prose(where))
+    assert re.findall(pattern, drifted) == ["9.99"] != [truth()]
 
 
 def _stored_outputs():

@@ -1,6 +1,5 @@
 # Generated from notebooks/05_when_it_hangs.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:hang3_shapes, then rebuild.
-# ruff: noqa (exercise version: the TODOs leave names for you to define)
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
     torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 60

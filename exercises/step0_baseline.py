@@ -1,6 +1,5 @@
 # Generated from notebooks/00_baseline.ipynb by `python -m tools.build`: do not edit.
 # Edit the cells tagged script:step0_baseline, then rebuild.
-# ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 0: the single-process baseline.
 
 One process trains a bidirectional LSTM to tell whether a molecule crosses

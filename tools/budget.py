@@ -66,9 +66,11 @@ class Count:
         self.run_s += other.run_s
 
     def off(self) -> str | None:
-        """Why the stated time disagrees with the count (by more than a third, after rounding), or None."""
+        """Why the stated time disagrees with the count (by more than a third, after rounding; 1 min at least), or None."""
         if self.stated is None:
             return f"{self.title!r} states no time; the count says {self.minutes:.0f} min"
+        if self.stated == max(1, round(self.minutes)):  # a section states at least a minute
+            return None
         if abs(self.stated - self.minutes) > self.minutes / 3 + 0.5:
             return f"{self.title!r} states {self.stated} min; the count says {self.minutes:.0f} min"
         return None

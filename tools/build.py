@@ -29,7 +29,7 @@ from pathlib import Path
 from tools import ROOT, budget
 from tools.execute import execute
 from workshop_lib.lab.scripts import GENERATED_BY, _kind, script_names, script_text, solution_notebooks
-from workshop_lib.lab.spans import BROKEN_BEGIN, exercise_source, has_spans, solution_source
+from workshop_lib.lab.spans import BROKEN_BEGIN, TODO_RAISE, exercise_source, has_spans, solution_source
 
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = ROOT / "solutions"
@@ -103,9 +103,11 @@ def outputs() -> dict[Path, str]:
     files: dict[Path, str] = {}
     for name, home in script_homes(notebooks).items():
         others = [(n, nb) for n, nb in notebooks.items() if n != home]
-        files[SOLUTIONS / f"{name}.py"] = script_text(notebooks[home], name, home, exercise=False, others=others)
-        files[EXERCISES / f"{name}.py"] = script_text(notebooks[home], name, home, exercise=True, others=others,
-                                                      noqa=EXERCISE_NOQA)
+        solution = script_text(notebooks[home], name, home, exercise=False, others=others)
+        exercise = script_text(notebooks[home], name, home, exercise=True, others=others)
+        files[SOLUTIONS / f"{name}.py"] = solution
+        files[EXERCISES / f"{name}.py"] = exercise if TODO_RAISE not in exercise else script_text(  # names left undefined
+            notebooks[home], name, home, exercise=True, others=others, noqa=EXERCISE_NOQA)
     for source_name, nb in notebooks.items():
         files[EXERCISES / Path(source_name).name] = nbformat.writes(exercise_notebook(nb, source_name)) + "\n"
     return files

@@ -39,7 +39,7 @@ def notebook_text(cell_id: str) -> str:
 def test_each_labs_exercise_script_is_its_solution_with_the_bug_put_back(name):
     """The learner gets the broken code and no hint; the solution has the fix in its place."""
     solution = (build.SOLUTIONS / f"{name}.py").read_text().splitlines()[2:]
-    exercise = (build.EXERCISES / f"{name}.py").read_text().splitlines()[3:]  # its header has one line more
+    exercise = (build.EXERCISES / f"{name}.py").read_text().splitlines()[2:]
     changed = [line for line in difflib.ndiff(solution, exercise) if line[:2] in ("- ", "+ ")]
     assert [line[:2] for line in changed] == ["- ", "+ "], changed  # one line out, one line in
     assert not re.search(r"TODO|NotImplementedError|BROKEN", "\n".join(exercise))

@@ -150,13 +150,13 @@ def lab_and_browser(tmp_path):
     """(lab, browser): a JupyterLab server with copies of the notebooks, and a headless Chromium."""
     chromium = _chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the package only)")
-    root = tmp_path / "root"
-    root.mkdir()
+    root = tmp_path / "course" / "notebooks"  # a course folder: steps 2 to 4 borrow cells of the other notebooks
+    root.mkdir(parents=True)
     for name in NOTEBOOKS:
-        source = REPO / "notebooks" / name
-        if not source.is_file():
+        if not (REPO / "notebooks" / name).is_file():
             pytest.skip(f"notebooks/{name} is not in this checkout")
-        shutil.copy(source, root / name)
+    for source in (REPO / "notebooks").glob("*.ipynb"):
+        shutil.copy(source, root / source.name)
     lab = Lab(root, tmp_path / "home")
     try:
         with sync_api.sync_playwright() as pw:

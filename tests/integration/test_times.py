@@ -1,7 +1,8 @@
 """Every stated time agrees with the count (tools/budget.py), the core path fits a 3-hour lab, the README agrees.
 
-The count: markdown words/150 + code lines/15 + 4 min per exercise + the cells' measured run time. A
-stated time may be off by a third of the count (after rounding to whole minutes), no more.
+The count: markdown words/150 + code lines/15 + 8 min per exercise + reading + the cells' measured run time. A
+stated time may be off by a third of the count (after rounding to whole minutes), no more; a section states
+1 min at least.
 """
 
 from __future__ import annotations

@@ -215,12 +215,12 @@ class Watch:
             if asked > self.answered:
                 self.answered = asked
                 store.set(f"where/{self.rank}", self.where(asked))
-            call = self.current or self.unfinishedon_gpu()
+            call = self.current or self.unfinished_on_gpu()
             if call is not None and time.time() - call.since > self.threshold:
                 on_gpu = " for the GPU to finish it" if call is not self.current else ""
                 self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
 
-    def unfinishedon_gpu(self) -> Call | None:
+    def unfinished_on_gpu(self) -> Call | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
         while self.queued and self.queued[0][1].query():
             self.queued.popleft()
@@ -230,7 +230,7 @@ class Watch:
         """This rank's answer: its main thread's stack and collectives, as JSON."""
         frame = sys._current_frames().get(self.main)
         found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
-        call = self.current or self.unfinishedon_gpu()
+        call = self.current or self.unfinished_on_gpu()
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
                            "current": asdict(call) if call else None, "left": self.left,
                            "last": asdict(self.last) if self.last else None, "backwards": self.backwards,

@@ -132,6 +132,9 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
     if not path.is_file():
         raise WorkshopError(f"notebook {notebook} not found from {Path.cwd()}; pass its file name")
     course = path.parent.parent
+    if not (course / "notebooks").is_dir():  # else step 2's script would lack step 1's setup(), a NameError later
+        raise WorkshopError(f"write_script reads the cells that steps 2 to 4 borrow from {course / 'notebooks'}, "
+                            f"which is not there: open {path.name} from the course's notebooks/ or exercises/")
     nb = nbformat.read(path, as_version=4)
     names = list(dict.fromkeys(n for cell in nb.cells for n in script_names(cell)))
     if name is None:

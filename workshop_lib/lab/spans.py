@@ -35,6 +35,7 @@ from workshop_lib.errors import WorkshopError
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BROKEN_BEGIN, BROKEN_END = "### BEGIN BROKEN", "### END BROKEN"  # a debugging lab's bug, just above its span
+TODO_RAISE = 'raise NotImplementedError("fill in the TODO above")'  # where the learner's code goes
 _TODO = re.compile(r"^\s*# TODO\b")
 
 
@@ -125,7 +126,7 @@ def exercise_source(source: str, where: str = "cell") -> str:
             continue
         indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
         out += lines[pos:begin]
-        out.append(f'{indent}raise NotImplementedError("fill in the TODO above")')
+        out.append(indent + TODO_RAISE)
         pos = end + 1
     out += lines[pos:]
     return "\n".join(out)

@@ -53,6 +53,15 @@ def test_write_script_uses_the_cells_as_run(course, monkeypatch, capsys):
         scripts.write_script("nope.ipynb")
 
 
+def test_a_notebook_outside_a_course_folder_is_one_line_not_a_script_that_fails_later(tmp_path, monkeypatch):
+    (tmp_path / "alone").mkdir()
+    nbformat.write(_tiny_notebook(), tmp_path / "alone" / "00_tiny.ipynb")
+    monkeypatch.chdir(tmp_path / "alone")
+    with pytest.raises(WorkshopError, match=r"which is not there: open 00_tiny\.ipynb from the course's notebooks/"):
+        scripts.write_script("00_tiny.ipynb")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(("notebook", "name"), STEPS.items())
 def test_a_solution_notebook_as_saved_writes_the_generated_script(notebook, name, monkeypatch, tmp_path):
     """The cells lent by earlier notebooks (step 1's main, step 2's loader) sit where the generator puts them."""

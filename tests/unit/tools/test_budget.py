@@ -47,6 +47,9 @@ def test_a_stated_time_off_by_more_than_a_third_is_named(tmp_path):
     assert c.off() is None
     assert budget.count(_notebook(tmp_path, section_time=10)).parts[0].off() is None
     assert "states no time" in budget.Count("Recap").off()
+    short = budget.Count("Recap", stated=1, words=45)  # counts 0.3 min: no section states 0 min
+    assert short.off() is None
+    assert budget.Count("Recap", stated=2, words=45).off() == "'Recap' states 2 min; the count says 0 min"
 
 
 def test_the_table_has_a_row_per_notebook_and_section(tmp_path):

@@ -86,6 +86,9 @@ def test_exercise_scripts_leave_the_solutions_out():
     for path in sorted((REPO / "exercises").glob("step*.py")):
         solution = (REPO / "solutions" / path.name).read_text()
         exercise = path.read_text()
+        if path.name == "step0_baseline.py":  # the tour of 00: the learner reads the baseline, writes nothing yet
+            assert exercise == solution
+            continue
         assert exercise.count('raise NotImplementedError("fill in the TODO above")') >= 1, path.name
         assert exercise != solution
         compile(exercise, path.name, "exec")

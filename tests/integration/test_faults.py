@@ -155,7 +155,7 @@ def test_a_hanging_rank_stops_the_others_after_the_timeout():
 def test_with_the_watch_attached_from_outside_a_hang_names_who_never_arrived(tmp_path):
     """``torchrun -m workshop_lib.watch``: before the timeout, the watch says which rank never arrived."""
     record = tmp_path / "hang.json"
-    run = torchrun(["-m", "workshop_lib.watch", "--after", "2", FAULT_WORKER, "hang", 20],
+    run = torchrun(["-m", "workshop_lib.watch", "--after", "2", FAULT_WORKER, "hang", 10],
                    **{hangreport.RECORD_VARIABLE: str(record)})
     try:
         assert run.wait_for(lambda: hangreport.load(record), 90), run.output[-3000:]
@@ -165,7 +165,7 @@ def test_with_the_watch_attached_from_outside_a_hang_names_who_never_arrived(tmp
     assert rc != 0
     assert "never arrived: rank 1" in run.output, run.output[-3000:]
     assert [b["missing"] for b in hangreport.load(record)] == [[1]]
-    assert "Timed out waiting 20000ms" in run.output, run.output[-3000:]
+    assert "Timed out waiting 10000ms" in run.output, run.output[-3000:]
 
 
 @pytest.mark.slow

@@ -1,0 +1,37 @@
+"""The checker's pair of ranks: forked from this process where fork is safe, fresh Pythons elsewhere.
+
+Both kinds run an item the same way: here a script of one line, so that what is tested is the start, what
+each rank is given (its rank, the folder, one thread) and how it ends, not a training run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from workshop_lib.checks import runner
+from workshop_lib.lab.spawning import START_METHOD
+
+SCRIPT = ('import json, os, torch\n'
+          'print(json.dumps({"rank": os.environ["RANK"], "threads": torch.get_num_threads(), "cwd": os.getcwd()}))\n')
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("method", "kind"), [("fork", runner._Forked), ("spawn", subprocess.Popen)])
+def test_each_rank_runs_the_item_as_given_and_the_pair_ends(method, kind, monkeypatch, tmp_path):
+    monkeypatch.setenv(START_METHOD, method)
+    script = tmp_path / "one_line.py"
+    script.write_text(SCRIPT)
+    item = runner.Item(script, [], tmp_path / "item")
+    started = []
+    real_start = runner._start
+    monkeypatch.setattr(runner, "_start", lambda *a: started.append(real_start(*a)) or started[-1])
+    [run] = runner.run([item], tmp_path)
+    assert [type(p) for p in started[0]] == [kind, kind]
+    assert run.stopped is None, run.output
+    said = [json.loads(line) for line in run.output.splitlines() if line.startswith("{")]
+    assert sorted(s["rank"] for s in said) == ["0", "1"] and {s["threads"] for s in said} == {1}, said
+    assert [e[-1]["kind"] + " " + e[-1]["how"] for e in run.ranks.values()] == ["end ok", "end ok"], run.ranks
+    assert [p.poll() for p in started[0]] == [0, 0]

@@ -106,6 +106,10 @@ def run_rank(manifest: Path, rank: int, world_size: int) -> None:
         sys.stdout.flush()
         control.set(f"item{i}/rank{rank}", "done")
         control.wait([f"item{i}/rank{r}" for r in range(world_size)], timedelta(seconds=120))
+    # Rank 0 hosts the store: it leaves last, once every peer is past its last wait (else a peer's wait fails).
+    control.set(f"bye{rank}", "")
+    if rank == 0:
+        control.wait([f"bye{r}" for r in range(world_size)], timedelta(seconds=120))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no interpreter shutdown: gloo's destructors sometimes abort there

@@ -19,6 +19,7 @@ back by :func:`load`.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -136,6 +137,7 @@ class _Forked:
         if self.pid:
             return
         try:  # the child: never returns
+            gc.freeze()  # the parent's objects stay unfreed here (their destructors need its threads): as forklaunch
             os.setsid()
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.dup2(fd, 1)

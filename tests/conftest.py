@@ -138,7 +138,7 @@ def small_csv(tmp_path_factory) -> Path:
 
 _STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_launch|Launch|nodes|reference_metrics|"
                                r"subprocess\.\w+)\(")
-_PROCESS_FIXTURES = {"cluster"}
+_PROCESS_FIXTURES = {"cluster", "step0_twice", "loaded_by", "verdicts"}
 
 
 def pytest_collection_modifyitems(config, items) -> None:

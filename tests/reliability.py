@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import psutil
+from filelock import FileLock
 
 from tests.conftest import REPO, SOLUTIONS, cpu_env
 from workshop_lib.debug.stacks import pyspy_exe
@@ -156,18 +157,27 @@ def same_results(a: dict, b: dict) -> None:
 
 @functools.cache
 def reference_metrics(script: Path = STEP4) -> dict:
-    """metrics.json of an uninterrupted 2-process run of ``script`` with RUN (computed once per session)."""
-    out = Path(tempfile.mkdtemp(prefix="reference-"))
-    try:
-        run = torchrun([script, *RUN, "--out", out])
+    """metrics.json of an uninterrupted 2-process run of ``script`` with RUN, computed once per session.
+
+    Once for all of pytest-xdist's workers: the first to need it runs it under a file lock, the others read it.
+    """
+    session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    saved = Path(tempfile.gettempdir()) / f"ddp-reference-{session}-{script.stem}.json"
+    with FileLock(f"{saved}.lock", timeout=300):
+        if saved.is_file():
+            return json.loads(saved.read_text())
+        out = Path(tempfile.mkdtemp(prefix="reference-"))
         try:
-            rc = run.wait(timeout=150)
+            run = torchrun([script, *RUN, "--out", out])
+            try:
+                rc = run.wait(timeout=150)
+            finally:
+                stop(run)
+            assert rc == 0, run.output[-3000:]
+            shutil.copyfile(out / "metrics.json", saved)
+            return json.loads(saved.read_text())
         finally:
-            stop(run)
-        assert rc == 0, run.output[-3000:]
-        return json.loads((out / "metrics.json").read_text())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
 
 
 def pyspy_attaches() -> bool:

@@ -14,13 +14,14 @@ similar length, with little padding. The tokenizer is in
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
@@ -44,6 +45,11 @@ class Table:
     source: str  # "path [smiles_col -> label_col]"
 
 
+# What pandas' read_csv reads as a missing value (its default na_values): such a cell is no molecule, no label.
+MISSING = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN", "<NA>",
+                     "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+
+
 def _detect(columns: Sequence[str], wanted: tuple[str, ...], contains: str | None) -> str | None:
     lower = {c.lower().strip(): c for c in columns}
     for name in wanted:
@@ -56,55 +62,92 @@ def _detect(columns: Sequence[str], wanted: tuple[str, ...], contains: str | Non
     return None
 
 
+def _number(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
+
+
+def _rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows (blank lines skipped, short rows padded); one line naming what cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path} is not a readable CSV ({first_line(err, 10_000)}); check the file") from None
+    if not text.strip():
+        raise InputError(f"{path} is empty; pass --data PATH to a CSV with SMILES and 0/1 labels")
+    dialect: type[csv.Dialect] | csv.Dialect = csv.excel
+    if path.suffix.lower() in (".tsv", ".txt"):
+        try:
+            dialect = csv.Sniffer().sniff(text[:20_000], delimiters=",\t;| ")
+        except csv.Error:
+            dialect = csv.excel_tab
+    try:
+        header, *rows = [row for row in csv.reader(io.StringIO(text, newline=""), dialect) if row]
+    except csv.Error as err:
+        raise InputError(f"{path} is not a readable CSV ({first_line(err, 10_000)}); check the file") from None
+    for i, row in enumerate(rows):
+        if len(row) > len(header):
+            raise InputError(f"{path} is not a readable CSV (row {i + 2} has {len(row)} fields, the header "
+                             f"{len(header)}); check the file")
+        row.extend([""] * (len(header) - len(row)))
+    return [c.strip() for c in header], rows
+
+
 def load_table(path: Path, smiles_col: str | None = None, label_col: str | None = None,
                limit: int | None = None, seed: int = 1729) -> Table:
-    """Read a CSV with a SMILES column and a binary label column.
+    """Read a CSV with a SMILES column and a binary label column (the standard library's csv: quick to import).
 
     Column names are detected (``smiles``, ``p_np``, ``label`` ...) unless given.
-    ``limit`` keeps a random subset of that many rows, fixed by ``seed``.
+    ``limit`` keeps a random subset of that many rows, fixed by ``seed``. A .tsv or
+    .txt file's delimiter is detected.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"data file {path} not found; pass --data PATH to a CSV with SMILES and 0/1 labels")
-    try:
-        df = pd.read_csv(path, sep=None, engine="python") if path.suffix.lower() in (".tsv", ".txt") else pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise InputError(f"{path} is empty; pass --data PATH to a CSV with SMILES and 0/1 labels") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise InputError(f"{path} is not a readable CSV ({first_line(err, 10_000)}); check the file") from None
-    if df.empty:
+    columns, rows = _rows(path)
+    if not rows:
         raise InputError(f"{path} has a header but no rows; pass --data PATH to a CSV with molecules in it")
 
-    columns = [str(c) for c in df.columns]
+    def cells(column: str) -> list[str]:
+        at = columns.index(column)
+        return [row[at] for row in rows]
+
     s_col = smiles_col or _detect(columns, SMILES_NAMES, "smiles")
     if s_col not in columns:
         raise InputError(f"{path} has no SMILES column {smiles_col or ''}(columns: {', '.join(columns)}); "
                             f"name it with --smiles-col")
     l_col = label_col or _detect([c for c in columns if c != s_col], LABEL_NAMES, None)
     if l_col is None:  # fall back to the one column that holds only 0s and 1s
-        binary = [c for c in columns if c != s_col and set(pd.unique(df[c].dropna())) <= {0, 1}
-                  and df[c].nunique() == 2]
-        l_col = binary[0] if len(binary) == 1 else None
+        def binary(column: str) -> bool:
+            values = {_number(v) for v in cells(column) if v not in MISSING}
+            return values == {0.0, 1.0}
+        found = [c for c in columns if c != s_col and binary(c)]
+        l_col = found[0] if len(found) == 1 else None
     if l_col not in columns:
         raise InputError(f"{path} has no label column {label_col or ''}(columns: {', '.join(columns)}); "
                             f"name the 0/1 column with --label-col")
 
-    df = df.dropna(subset=[s_col])
-    raw = df[l_col]
-    labels = pd.to_numeric(raw, errors="coerce")
-    bad = raw[labels.isna() | ~labels.isin([0, 1])]
-    if len(bad):
-        raise InputError(f"label column '{l_col}' in {path} must hold only 0 and 1, found {bad.iloc[0]!r} "
-                            f"in row {bad.index[0] + 2}; convert the labels to 0/1 or pick --label-col")
-    if labels.nunique() < 2:
-        raise InputError(f"label column '{l_col}' in {path} holds a single class ({int(labels.iloc[0])}); "
+    # Rows without a molecule are dropped (as pandas' dropna would); row numbers are the file's (the header is 1).
+    kept = [(i + 2, smiles, label) for i, (smiles, label) in enumerate(zip(cells(s_col), cells(l_col), strict=True))
+            if smiles not in MISSING]
+    labels = []
+    for row, _, label in kept:
+        value = _number(label)
+        if value not in (0.0, 1.0):
+            raise InputError(f"label column '{l_col}' in {path} must hold only 0 and 1, found {label!r} "
+                                f"in row {row}; convert the labels to 0/1 or pick --label-col")
+        labels.append(int(value))
+    if len(set(labels)) < 2:
+        raise InputError(f"label column '{l_col}' in {path} holds a single class ({labels[0] if labels else '-'}); "
                             f"ROC AUC needs both 0s and 1s")
-    stripped = df[s_col].astype(str).str.strip()
-    blank = stripped.index[stripped == ""]
-    if len(blank):
-        raise InputError(f"SMILES column '{s_col}' in {path} is blank in row {blank[0] + 2}; "
+    smiles = [s.strip() for _, s, _ in kept]
+    blank = next((row for (row, _, _), s in zip(kept, smiles, strict=True) if not s), None)
+    if blank is not None:
+        raise InputError(f"SMILES column '{s_col}' in {path} is blank in row {blank}; "
                             f"fill in that molecule or remove the row")
-    table = Table(stripped.tolist(), labels.to_numpy(dtype=np.int64), f"{path} [{s_col} -> {l_col}]")
+    table = Table(smiles, np.array(labels, dtype=np.int64), f"{path} [{s_col} -> {l_col}]")
     return table if limit is None else take(table, limit, seed)
 
 

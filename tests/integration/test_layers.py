@@ -16,30 +16,34 @@ from tests.conftest import REPO, SOLUTIONS, cpu_env
 
 TOOLS = ("workshop_lib.debug", "workshop_lib.lab", "workshop_lib.checks", "workshop_lib.scaling")
 
+# Each script in turn, in one process: what is loaded after it (its own and the scripts' before it), what it patched.
 _LOADED = """
 import importlib.util, json, sys
 import torch.distributed as dist
-before = {name: getattr(dist, name) for name in ("all_reduce", "init_process_group", "destroy_process_group")}
-spec = importlib.util.spec_from_file_location("script", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("workshop_lib")),
-                  "patched": [n for n, f in before.items() if getattr(dist, n) is not f]}))
+for path in sys.argv[1:]:
+    before = {name: getattr(dist, name) for name in ("all_reduce", "init_process_group", "destroy_process_group")}
+    spec = importlib.util.spec_from_file_location("script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith("workshop_lib")),
+                      "patched": [n for n, f in before.items() if getattr(dist, n) is not f]}))
 """
+STEPS = ("step0_baseline", "step3_ddp", "step4_snapshots")  # step 0 first: the core modules are its own
 
 
-def _loaded_by(script: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", _LOADED, str(script)], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env=cpu_env())
+@pytest.fixture(scope="module")
+def loaded_by() -> dict[str, dict]:
+    done = subprocess.run([sys.executable, "-c", _LOADED, *(str(SOLUTIONS / f"{s}.py") for s in STEPS)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=cpu_env())
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return dict(zip(STEPS, map(json.loads, done.stdout.splitlines()[-len(STEPS):]), strict=True))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["step0_baseline", "step3_ddp", "step4_snapshots"])
-def test_a_step_script_loads_no_module_of_the_tools_and_patches_nothing(script):
+@pytest.mark.parametrize("script", STEPS)
+def test_a_step_script_loads_no_module_of_the_tools_and_patches_nothing(loaded_by, script):
     """The instruments attach from outside (``-m workshop_lib.watch``); importing a step brings only the core."""
-    loaded = _loaded_by(SOLUTIONS / f"{script}.py")
+    loaded = loaded_by[script]
     assert loaded["patched"] == []
     assert {"workshop_lib.model", "workshop_lib.data", "workshop_lib.report"} <= set(loaded["modules"])
     assert [m for m in loaded["modules"] if m.startswith(TOOLS)] == []

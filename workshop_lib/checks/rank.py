@@ -18,7 +18,9 @@ import json
 import os
 import runpy
 import shutil
+import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +30,7 @@ import torch.distributed as dist
 from workshop_lib.checks.record import Recorder, recording
 from workshop_lib.debug import hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_line
 
 HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
@@ -51,6 +54,30 @@ def _ending(err: BaseException | None, script: str) -> dict:
     return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": _where(err, script)}
 
 
+def _after_the_host(real):
+    """``init_process_group`` called once rank 0's store listens (on ranks other than 0): then as given.
+
+    Under torchrun the agent hosts the store before any rank starts. Here rank 0's
+    own env:// rendezvous hosts it, and a rank that gets there first finds nothing
+    listening: torch's client then retries only after about half a second, which
+    made every checked run that much slower. The wait is bounded by the group's
+    timeout; the call itself is unchanged.
+    """
+    def arrive(*args, **kw):
+        if os.environ.get("RANK") != "0" and "store" not in kw and kw.get("init_method", "env://") == "env://":
+            address = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0")))
+            timeout = kw.get("timeout")
+            deadline = time.monotonic() + (timeout.total_seconds() if timeout is not None else 60.0)
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(address, timeout=1.0).close()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+        return real(*args, **kw)
+    return arrive
+
+
 def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
     script = os.path.abspath(script)
@@ -62,7 +89,7 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> d
     hangwatch.attach(threshold=after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
-        with recording(rec):
+        with patched(dist, "init_process_group", _after_the_host), recording(rec):
             runpy.run_path(script, run_name="__main__")
     except BaseException as err:  # every way out is an outcome to report
         error = err

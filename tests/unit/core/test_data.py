@@ -79,6 +79,39 @@ def test_bad_csvs_name_the_problem(tmp_path, text, message):
         load_table(path)
 
 
+def test_the_csv_reads_as_pandas_reads_it(tmp_path, bbbp_style_csv):
+    """The core reads with the standard library's csv; pandas (what it used to use) reads the same molecules."""
+    for path in (SHIPPED, bbbp_style_csv):
+        table, df = load_table(path), pd.read_csv(path)
+        smiles = next(c for c in df.columns if c.lower() == "smiles")
+        label = next(c for c in df.columns if c.lower() == "p_np")
+        df = df.dropna(subset=[smiles])
+        assert table.smiles == df[smiles].astype(str).str.strip().tolist()
+        assert table.labels.tolist() == df[label].astype(int).tolist()
+
+
+def test_the_csv_edge_cases(tmp_path):
+    tsv = tmp_path / "data.tsv"
+    tsv.write_text("smiles\tp_np\nC(C)O\t1\n\nCCN\t0.0\n")  # tabs found, a blank line skipped, 0.0 is 0
+    table = load_table(tsv)
+    assert (table.smiles, table.labels.tolist()) == (["C(C)O", "CCN"], [1, 0])
+    missing = tmp_path / "missing.csv"
+    missing.write_text("smiles,p_np\nCCO,1\n,0\nCCN,0\n")  # the molecule-less row is dropped, as pandas would
+    assert load_table(missing).smiles == ["CCO", "CCN"]
+    wide = tmp_path / "wide.csv"
+    wide.write_text("smiles,p_np\nCCO,1\nCCN,0,extra\n")
+    with pytest.raises(InputError, match=r"is not a readable CSV \(row 3 has 3 fields, the header 2\); check the file"):
+        load_table(wide)
+    no_label = tmp_path / "no_label.csv"
+    no_label.write_text("smiles,p_np\nCCO,1\nCCN,\nCCC,0\n")
+    with pytest.raises(InputError, match=r"only 0 and 1, found '' in row 3"):
+        load_table(no_label)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("smiles,p_np\nCCO,1\nCCN,0\n\xe9,1\n".encode("latin-1"))
+    with pytest.raises(InputError, match="is not a readable CSV"):
+        load_table(latin)
+
+
 def test_missing_file_and_oversized_limit(tmp_path, bbbp_style_csv):
     with pytest.raises(InputError, match="not found"):
         load_table(tmp_path / "nope.csv")

@@ -96,7 +96,7 @@ def test_exercise_scripts_leave_the_solutions_out():
 
 @pytest.mark.timeout(150)
 def test_exercises_are_not_collected_by_pytest():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--ignore=tests"],
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--ignore=tests", "-n", "0"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "exercises/" not in proc.stdout
     assert "notebooks/00_baseline.ipynb" in proc.stdout

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -136,12 +137,22 @@ def small_csv(tmp_path_factory) -> Path:
     return path
 
 
-_STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_launch|Launch|nodes|reference_metrics|"
+_STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_launch|Launch|nodes|reference_(metrics|run)|"
                                r"subprocess\.\w+)\(")
 _PROCESS_FIXTURES = {"cluster", "step0_twice", "loaded_by", "verdicts"}
 
 
+def _longest_first(items) -> None:
+    """Order the files by their measured seconds (tests/durations.json, ``python -m tools.durations``), longest first,
+    each file's items in their own order: pytest-xdist (``--dist loadfile --no-loadscope-reorder``) hands the files
+    out in this order, so that no long file starts last while the other worker has nothing left."""
+    path = REPO / "tests" / "durations.json"
+    seconds = json.loads(path.read_text()) if path.is_file() else {}
+    items.sort(key=lambda item: seconds.get(item.path.relative_to(REPO).as_posix(), 0.0), reverse=True)  # stable
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    _longest_first(items)
     gpus = None
     for item in items:
         if item.get_closest_marker("gpu"):

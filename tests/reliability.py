@@ -155,9 +155,15 @@ def same_results(a: dict, b: dict) -> None:
         assert a[key] == b[key], key
 
 
-@functools.cache
 def reference_metrics(script: Path = STEP4) -> dict:
-    """metrics.json of an uninterrupted 2-process run of ``script`` with RUN, computed once per session.
+    """metrics.json of an uninterrupted 2-process run of ``script`` with RUN (:func:`reference_run`)."""
+    return reference_run(script)["metrics"]
+
+
+@functools.cache
+def reference_run(script: Path = STEP4) -> dict:
+    """An uninterrupted 2-process torchrun of ``script`` with RUN, once per session: its ``metrics`` (metrics.json),
+    ``output`` (torchrun's, both ranks') and ``files`` (what it wrote into --out).
 
     Once for all of pytest-xdist's workers: the first to need it runs it under a file lock, the others read it.
     """
@@ -174,17 +180,21 @@ def reference_metrics(script: Path = STEP4) -> dict:
             finally:
                 stop(run)
             assert rc == 0, run.output[-3000:]
-            shutil.copyfile(out / "metrics.json", saved)
-            return json.loads(saved.read_text())
+            record = {"metrics": json.loads((out / "metrics.json").read_text()), "output": run.output,
+                      "files": sorted(p.name for p in out.iterdir())}
+            saved.write_text(json.dumps(record))
+            return record
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
 
+@functools.cache
 def pyspy_attaches() -> bool:
     """Can py-spy read another process here? (Not without ptrace rights: a container without CAP_SYS_PTRACE.)"""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('running', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1)
+        assert child.stdout.readline() == "running\n"  # its interpreter is up: there is a stack to read
         done = subprocess.run([pyspy_exe(), "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
         return done.returncode == 0
     finally:

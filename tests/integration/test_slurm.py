@@ -171,32 +171,6 @@ def test_srun_works(cluster):
     assert p.stdout.split() == [socket.gethostname()] * 2
 
 
-@needs_slurm[0]
-@needs_slurm[1]
-@needs_slurm[2]
-@pytest.mark.timeout(300)
-def test_sbatch_trains_step4_like_torchrun(cluster, tmp_path):
-    """One node x 2 processes of step 4 (the sbatch script restarts) through sbatch -> srun -> torchrun: the same
-    numbers as torchrun alone.
-
-    The --out path holds a space, a ';' and a '$(...)': it must arrive as one argument, never run.
-    """
-    out = tmp_path / "out dir;$(touch pwned)"
-    log = tmp_path / "job.out"
-    job = subprocess.run([_which("sbatch"), "--parsable", "--nodes=1", f"--cpus-per-task={os.cpu_count()}",
-                          f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step4_snapshots.py", *RUN,
-                          "--out", str(out)],
-                         env={**cluster, "NPROC_PER_NODE": "2"}, capture_output=True, text=True, timeout=30)
-    assert job.returncode == 0, job.stderr
-    state = _wait_for_job(job.stdout.strip().split(";")[0], cluster, timeout=240)
-    text = log.read_text() if log.exists() else ""
-    assert state == ("COMPLETED", "0:0"), (state, text[-3000:])
-    host = socket.gethostname().split(".")[0]
-    assert f"1 node(s) x 2 process(es), rendezvous {host}:" in text, text[-3000:]
-    assert not list(tmp_path.rglob("pwned")) and not (REPO / "pwned").exists()
-    same_results(json.loads((out / "metrics.json").read_text()), reference_metrics())
-
-
 def _rank_of_job(conf: str, rank: str) -> int | None:
     """The pid of the job's worker with RANK ``rank`` (it carries our SLURM_CONF), if it is running."""
     for proc in psutil.process_iter():
@@ -210,9 +184,14 @@ def _rank_of_job(conf: str, rank: str) -> int | None:
 @needs_slurm[1]
 @needs_slurm[2]
 @pytest.mark.timeout(300)
-def test_a_rank_killed_under_sbatch_restarts_and_the_job_ends_as_an_uninterrupted_one(cluster, tmp_path):
-    """The sbatch script's --max-restarts and its TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, on a real SIGKILL."""
-    out, log = tmp_path / "out", tmp_path / "job.out"
+def test_sbatch_trains_step4_like_torchrun_through_a_killed_rank(cluster, tmp_path):
+    """One node x 2 processes of step 4 through sbatch -> srun -> torchrun, a rank SIGKILLed in epoch 2: the sbatch
+    script's --max-restarts and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 restart the group, and the job ends with the
+    numbers of torchrun alone, uninterrupted.
+
+    The --out path holds a space, a ';' and a '$(...)': it must arrive as one argument, never run.
+    """
+    out, log = tmp_path / "out dir;$(touch pwned)", tmp_path / "job.out"
     job = subprocess.run([_which("sbatch"), "--parsable", "--nodes=1", f"--cpus-per-task={os.cpu_count()}",
                           f"--output={log}", f"--chdir={REPO}", str(SBATCH), "solutions/step4_snapshots.py", *RUN,
                           "--out", str(out)],
@@ -229,6 +208,9 @@ def test_a_rank_killed_under_sbatch_restarts_and_the_job_ends_as_an_uninterrupte
     text = log.read_text() if log.exists() else ""
     assert state == ("COMPLETED", "0:0"), (state, text[-3000:])
     assert "resuming from" in text, text[-3000:]
+    host = socket.gethostname().split(".")[0]
+    assert f"1 node(s) x 2 process(es), rendezvous {host}:" in text, text[-3000:]
+    assert not list(tmp_path.rglob("pwned")) and not (REPO / "pwned").exists()
     same_results(json.loads((out / "metrics.json").read_text()), reference_metrics())
 
 
@@ -254,6 +236,22 @@ def test_the_script_hands_srun_one_torchrun_per_node_with_the_restart_workaround
                          "--rdzv-backend=c10d", "--rdzv-endpoint=node-a:32345", "--rdzv-id=12345", "--max-restarts=1",
                          "solutions/step4_snapshots.py", "--epochs", "3", "--out", out]  # one argument, never run
     assert not list(tmp_path.rglob("pwned"))
+
+
+def test_a_long_node_list_does_not_end_the_script_with_sigpipe(tmp_path):
+    """The first of many node names: a pipe into `head -n1` under pipefail died of SIGPIPE (exit status 141)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho node-a\nfor i in $(seq 1 20000); do echo node-$i; done\n")
+    (bin_dir / "srun").write_text("#!/bin/bash\nexit 0\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**cpu_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a,1-20000]",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "20001"}
+    p = subprocess.run(["bash", str(SBATCH), "solutions/step4_snapshots.py"], capture_output=True, text=True,
+                       timeout=30, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == "job 7: 20001 node(s) x 1 process(es), rendezvous node-a:20007"
 
 
 def test_sbatch_script_without_a_training_script_says_so():

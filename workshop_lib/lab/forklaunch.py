@@ -22,14 +22,14 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from workshop_lib.debug.patching import patched
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import rank_logs, spawning
+from workshop_lib.lab import rank_logs, spawning, stopping
 from workshop_lib.lab.launch import LaunchError
 from workshop_lib.lab.processes import kill_tree
 from workshop_lib.lab.spawning import start_method
@@ -126,89 +126,6 @@ def _launcher_logs_to(path: Path):
         handler.close()
 
 
-@contextlib.contextmanager
-def _own_signal_handlers():
-    """Give SIGINT and SIGTERM their handlers back after the launch, and lose no stop during it.
-
-    torch's launcher installs its own (they turn the signal into a SignalException
-    that stops the ranks) and leaves them in place: without this, the kernel's
-    stop button would raise SignalException instead of KeyboardInterrupt ever after.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    unraisable = sys.unraisablehook
-
-    def keep(seen) -> None:
-        # A stop that lands while the launcher forks a rank runs its handler inside an at-fork hook of the parent
-        # (logging's _releaseLock), where Python drops the exception ("Exception ignored in ..."), and the launch
-        # would go on: the watchdog's next tick raises it again.
-        if isinstance(seen.exc_value, (KeyboardInterrupt, SignalException, TimeoutError, _HangSeen)):
-            _dropped.append(seen.exc_value)
-            if _ticking and isinstance(seen.exc_value, TimeoutError | _HangSeen):  # its tick stopped the timer
-                signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
-        else:
-            unraisable(seen)
-
-    _dropped.clear()
-    sys.unraisablehook = keep
-    try:
-        yield
-    finally:
-        sys.unraisablehook = unraisable
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def _watchdog(seconds: float, what: str, before: Callable[[bool], None], hang: Callable[[], str | None] | None = None):
-    """Raise TimeoutError after ``seconds``, or _HangSeen once ``hang()`` names a hang; ``before(timed_out)`` first.
-
-    It ticks twice a second: ``hang`` is polled, and an exception that Python dropped meanwhile (see
-    :func:`_own_signal_handlers`) is raised again. Main thread only; elsewhere no limit.
-    """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-    deadline = time.monotonic() + seconds
-
-    def tick(signum, frame):
-        if _dropped:  # a stop (or a tick) that Python dropped while the launcher forked: now it counts
-            raise _dropped.pop()
-        now = time.monotonic()
-        if now >= deadline:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            before(True)
-            raise TimeoutError(f"{what} did not finish within {seconds:g}s")
-        found = hang() if hang is not None else None
-        if found:  # the watch saves its block whole, after printing it
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            before(False)
-            raise _HangSeen(found)
-
-    global _ticking
-    old = signal.signal(signal.SIGALRM, tick)
-    signal.setitimer(signal.ITIMER_REAL, 0.5, 0.5)
-    _ticking = True
-    try:
-        yield
-    finally:
-        _ticking = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-class _HangSeen(Exception):
-    """Raised by the watchdog when a rank's log holds the hang watch's diagnosis."""
-
-
-_dropped: list[BaseException] = []  # raised in an at-fork hook, where Python drops it: the watchdog raises it again
-_ticking = False  # a _watchdog's timer is set
-
-
 def _hang_in_logs(log_dir: str) -> str | None:
     """One line from the hang watch's saved block (who waits where; who never arrived), once a watch has saved one."""
     from workshop_lib.debug import hangreport
@@ -252,22 +169,22 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     # Port 0: the rendezvous store binds a free port itself (as torchrun --standalone does).
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          monitor_interval=0.1, start_method=method)
+                          monitor_interval=0.02, start_method=method)
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it
     before = _descendants()
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
         with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
-                _watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
-                          None if hang_after is None else lambda: _hang_in_logs(log_dir)), \
-                _own_signal_handlers():
+                stopping.watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
+                                  None if hang_after is None else lambda: _hang_in_logs(log_dir)), \
+                stopping.own_signal_handlers(), stopping.short_grace(), _no_start_skew():
             results = elastic_launch(config, _rank_main)(fn, backend, timeout, hang_after, log_dir, *args)
     except ChildFailedError as err:
         raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(err), log_dir)) from None
     except TimeoutError as err:
         raise LaunchTimeout(rank_logs.failure_report(name, [str(err)], log_dir)) from None
-    except _HangSeen as hang:
+    except stopping.HangSeen as hang:
         raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang),
                         Path(log_dir) / "hang.json") from None
     except SignalException:  # the stop button (SIGINT): the launcher stops the ranks it has registered
@@ -281,6 +198,23 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [spawning.unpack_result(results[r]) if method == "spawn" else results[r] for r in sorted(results)]
+
+
+@contextlib.contextmanager
+def _no_start_skew():
+    """Without the random 0-0.3 s that torch's rendezvous sleeps before its first round.
+
+    It skews the agents of several nodes so that they do not reach the store at once; a notebook launch has one
+    agent, and the sleep was about 40% of a launch of 2 ranks here (0.4 s, 0.24 s without it).
+    The fixed delays (1 s between polls of a rendezvous that is still forming) stay.
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def make(original):
+        return lambda seconds: None if isinstance(seconds, tuple) else original(seconds)
+
+    with patched(dynamic_rendezvous, "_delay", make):
+        yield
 
 
 def _descendants() -> set[int]:

@@ -313,7 +313,7 @@ def test_all_reduce_on_one_rank_only_is_a_hang_explained():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_it(monkeypatch):
-    monkeypatch.setattr(common, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
+    monkeypatch.setattr(group, "HANG_AFTER", 3.0)  # the learner's checks wait 8 s; the diagnosis is the same
     here = r"tests/unit/checks/test_notebook_checks\.py"  # the hang watch's line: a timeout would say "did not finish"
     with pytest.raises(common.CheckFailed, match=rf"^rank 0 waits in all_reduce #1 \(called at {here}:\d+ in "
                        rf"reduce_rank0_while_rank1_sleeps\(\)\); rank 1 never joined it: it is in "

@@ -249,3 +249,23 @@ def test_a_collective_still_running_on_the_gpu_is_the_one_reported():
     assert call.gpu and watch.unfinished_on_gpu() is call
     torch.cuda.synchronize()
     assert watch.unfinished_on_gpu() is None
+
+
+EXIT_PROBE = """import atexit, gc, sys
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
+print("frozen while running:", gc.get_freeze_count() > 0, flush=True)
+if sys.argv[1:] == ["raise"]:
+    raise RuntimeError("on purpose")
+"""
+
+
+@pytest.mark.parametrize("end", ["returns", "raise"])
+def test_the_watch_freezes_the_collector_only_once_the_script_has_ended(tmp_path, end):
+    """-m workshop_lib.watch: the script runs with the collector as it is; its exit skips the last passes."""
+    script = tmp_path / "probe.py"
+    script.write_text(EXIT_PROBE)
+    proc = subprocess.run([sys.executable, "-m", "workshop_lib.watch", str(script), end], capture_output=True,
+                          text=True, cwd=REPO, env=cpu_env(), timeout=60)
+    assert proc.stdout.splitlines() == ["frozen while running: False", "frozen at exit: True"], proc.stderr[-2000:]
+    assert proc.returncode == (1 if end == "raise" else 0)
+    assert ("RuntimeError: on purpose" in proc.stderr) == (end == "raise")

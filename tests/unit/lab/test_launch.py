@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import datetime
 import signal
 import textwrap
 import threading
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from tests.conftest import SOLUTIONS
 from tests.reliability import pyspy_attaches, still_alive
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import forklaunch, launch, spawning
+from workshop_lib.lab import forklaunch, launch, spawning, stopping
 
 SCRIPT = """
 import argparse, json, os, sys, time
@@ -210,6 +211,34 @@ def test_a_stop_while_the_ranks_start_leaves_none_behind():
     assert still_alive(_started_since(before), timeout=10) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_stop_while_a_rank_waits_in_a_store_ends_within_the_short_grace(tmp_path):
+    """A rank waiting in a store (as one does in init_process_group for a peer that has not come yet) runs no
+    Python signal handler, and no peer's exit wakes it: torch's launcher would give it 30 s, the stop 2 s."""
+    before, waiting = _children(), tmp_path / "rank0-waits"
+
+    def press_stop_once_rank0_waits():
+        while not waiting.exists():
+            time.sleep(0.01)
+        _thread.interrupt_main()
+
+    threading.Thread(target=press_stop_once_rank0_waits, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt, match="every rank stopped"):
+        forklaunch.notebook_launch(_rank0_waits_in_a_store, 2, str(tmp_path), timeout=100)
+    assert time.monotonic() - start < stopping.GRACE + 8
+    assert still_alive(_started_since(before), timeout=10) == []
+
+
+def _rank0_waits_in_a_store(env, folder: str):
+    if env.rank == 0:
+        store = dist.FileStore(str(Path(folder) / "store"), 2)
+        Path(folder, "rank0-waits").touch()
+        store.wait(["never set"], datetime.timedelta(seconds=100))
+    time.sleep(600)
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
@@ -292,10 +321,23 @@ def test_a_stop_that_python_dropped_while_the_launcher_forked_is_raised_again():
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     stop, before = SignalException("Process 1 got signal: 2", sigval=signal.SIGINT), sys.unraisablehook
-    with pytest.raises(SignalException) as err, forklaunch._watchdog(20, "a launch", lambda timed_out: None), \
-            forklaunch._own_signal_handlers():
+    with pytest.raises(SignalException) as err, stopping.watchdog(20, "a launch", lambda timed_out: None), \
+            stopping.own_signal_handlers():
         sys.unraisablehook(SimpleNamespace(exc_type=SignalException, exc_value=stop, exc_traceback=None,
                                            err_msg="Exception ignored in", object=None))  # as Python does it
         time.sleep(10)  # the next tick (within 0.5 s) ends this
     assert err.value is stop
     assert sys.unraisablehook is before  # put back
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_notebook_launch_has_no_random_start_skew_and_leaves_torchs_delay_as_it_was(monkeypatch):
+    """One agent on one node: the 0-0.3 s that torch's rendezvous sleeps to skew several nodes' agents is skipped."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    asked: list = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", asked.append)
+    assert forklaunch.notebook_launch(_all_reduce, 2, 1.0)[0] == (0, 2, 3.0)
+    assert [s for s in asked if isinstance(s, tuple)] == []
+    assert dynamic_rendezvous._delay == asked.append  # put back after the launch

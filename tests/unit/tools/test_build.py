@@ -96,7 +96,9 @@ def test_exercise_scripts_leave_the_solutions_out():
 
 @pytest.mark.timeout(150)
 def test_exercises_are_not_collected_by_pytest():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--ignore=tests", "-n", "0"],
+    # What plain pytest collects outside the test modules (--ignore=tests would not drop its own testpath).
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "--ignore=tests/unit",
+                           "--ignore=tests/integration", "-n", "0"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "exercises/" not in proc.stdout
     assert "notebooks/00_baseline.ipynb" in proc.stdout

@@ -30,7 +30,7 @@ def short_grace(seconds: float = GRACE) -> Iterator[None]:
 
     def make(original):
         def _shutdown(self, death_sig=signal.SIGTERM, timeout=30):
-            return original(self, death_sig, min(timeout, seconds))
+            return original(self, death_sig, timeout=min(timeout, seconds))
 
         return _shutdown
 

@@ -142,6 +142,23 @@ _STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_la
 _PROCESS_FIXTURES = {"cluster", "step0_twice", "loaded_by", "verdicts"}
 
 
+def pytest_configure(config) -> None:
+    # The run's id, known to this (controlling) process too, so that it can remove what the workers saved under it.
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "absent") is None:
+        import uuid
+
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session) -> None:
+    if hasattr(session.config, "workerinput"):  # a worker: the controller removes them once every worker is done
+        return
+    from tests.reliability import remove_reference_runs
+
+    for run_id in {getattr(session.config.option, "testrunuid", None), str(os.getpid())} - {None}:  # xdist's, or none
+        remove_reference_runs(run_id)
+
+
 def _longest_first(items) -> None:
     """Order the files by their measured seconds (tests/durations.json, ``python -m tools.durations``), longest first,
     each file's items in their own order: pytest-xdist (``--dist loadfile --no-loadscope-reorder``) hands the files

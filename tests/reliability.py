@@ -155,6 +155,21 @@ def same_results(a: dict, b: dict) -> None:
         assert a[key] == b[key], key
 
 
+def _run_id() -> str:
+    """This pytest run's id, the same in each xdist worker (the one process's pid without xdist)."""
+    return os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+
+
+def _reference_folder() -> Path:
+    return Path(tempfile.gettempdir())
+
+
+def remove_reference_runs(run_id: str) -> None:
+    """At the end of the run: the saved reference runs of ``run_id`` and their locks."""
+    for path in _reference_folder().glob(f"ddp-reference-{run_id}-*"):
+        path.unlink(missing_ok=True)
+
+
 def reference_metrics(script: Path = STEP4) -> dict:
     """metrics.json of an uninterrupted 2-process run of ``script`` with RUN (:func:`reference_run`)."""
     return reference_run(script)["metrics"]
@@ -167,8 +182,7 @@ def reference_run(script: Path = STEP4) -> dict:
 
     Once for all of pytest-xdist's workers: the first to need it runs it under a file lock, the others read it.
     """
-    session = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-    saved = Path(tempfile.gettempdir()) / f"ddp-reference-{session}-{script.stem}.json"
+    saved = _reference_folder() / f"ddp-reference-{_run_id()}-{script.stem}.json"
     with FileLock(f"{saved}.lock", timeout=300):
         if saved.is_file():
             return json.loads(saved.read_text())

@@ -1,4 +1,5 @@
-"""tools.durations: seconds per test file from a JUnit report; the suite hands out the longest files first."""
+"""tools.durations: seconds per test file from a JUnit report; the suite hands out the longest files first (and
+cleans up after itself)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_files_go_out_longest_first_each_in_its_own_order():
     _longest_first(items)
     assert [(item.path.relative_to(REPO).as_posix(), item.n) for item in items] == [
         (longest, 2), (longest, 4), (shorter, 0), (shorter, 3), ("tests/unit/not_measured.py", 1)]
+
+
+def test_the_end_of_a_run_removes_its_saved_reference_runs_and_no_other_runs(monkeypatch, tmp_path):
+    """tests.reliability saves the shared reference run in the temp folder; conftest removes it at the run's end."""
+    from tests import reliability
+
+    monkeypatch.setattr(reliability, "_reference_folder", lambda: tmp_path)
+    names = ["ddp-reference-abc-step4_snapshots.json", "ddp-reference-abc-step4_snapshots.json.lock",
+             "ddp-reference-other-step4_snapshots.json", "unrelated.json"]
+    for name in names:
+        (tmp_path / name).write_text("{}")
+    reliability.remove_reference_runs("abc")
+    assert sorted(p.name for p in tmp_path.iterdir()) == names[2:]

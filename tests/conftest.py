@@ -142,7 +142,18 @@ _STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_la
 _PROCESS_FIXTURES = {"cluster", "step0_twice", "loaded_by", "verdicts"}
 
 
+NO_EXIT_GC = REPO / "tests" / "no_exit_gc"  # its sitecustomize: the run's Pythons skip the collections of their exit
+
+
+def _without_exit_collections() -> None:
+    """Every Python this run starts imports tests/no_exit_gc/sitecustomize.py (see its docstring): on PYTHONPATH."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(NO_EXIT_GC) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(NO_EXIT_GC), *paths])
+
+
 def pytest_configure(config) -> None:
+    _without_exit_collections()  # before xdist starts its workers: they, and all they start, inherit it
     # The run's id, known to this (controlling) process too, so that it can remove what the workers saved under it.
     if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "absent") is None:
         import uuid

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 from workshop_lib.errors import InputError
@@ -11,7 +10,7 @@ from workshop_lib.errors import InputError
 # One token per atom or bond symbol: bracket atoms ([nH], [C@@H], [N+]) and the
 # two-letter halogens Cl and Br stay whole; ring closures %NN are one token.
 SMILES_TOKEN = re.compile(
-    r"\[[^\[\]]+\]|Br|Cl|Si|Se|se|As|Na|Li|[BCNOPSFIKHbcnops]|%\d{2}|\d|[=#\-+\\/().:~@?*$>]"
+    r"\[[^\[\]\n]+\]|Br|Cl|Si|Se|se|As|Na|Li|[BCNOPSFIKHbcnops]|%\d{2}|\d|[=#\-+\\/().:~@?*$>]"
 )
 
 
@@ -46,8 +45,14 @@ class SmilesTokenizer:
 
     @classmethod
     def fit(cls, smiles: Sequence[str]) -> SmilesTokenizer:
-        counts = Counter(t for i, s in enumerate(smiles) for t in cls.split(s, i))
-        return cls(sorted(counts))  # sorted: the same data gives the same ids
+        # One pass of the pattern over all the molecules at once: a newline is no SMILES character, so when the
+        # tokens cover every character but the separators, every molecule is whole tokens. Otherwise the
+        # molecule-by-molecule pass finds the first bad one and names it.
+        text = "\n".join(smiles)
+        tokens = SMILES_TOKEN.findall(text)
+        if sum(map(len, tokens)) != len(text) - max(len(smiles) - 1, 0):
+            tokens = [t for i, s in enumerate(smiles) for t in cls.split(s, i)]
+        return cls(sorted(set(tokens)))  # sorted: the same data gives the same ids
 
     def encode(self, smiles: str, row: int | None = None) -> list[int]:
         return [self.stoi.get(t, self.UNK) for t in self.split(smiles, row)]

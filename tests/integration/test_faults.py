@@ -138,7 +138,7 @@ def test_a_rank_that_raises_is_named_with_its_traceback():
 def test_with_the_watch_attached_from_outside_a_hang_names_who_never_arrived(tmp_path):
     """``torchrun -m workshop_lib.watch``: before the timeout, the watch says which rank never arrived."""
     record = tmp_path / "hang.json"
-    run = torchrun(["-m", "workshop_lib.watch", "--after", "2", FAULT_WORKER, "hang", 6],
+    run = torchrun(["-m", "workshop_lib.watch", "--after", "1", FAULT_WORKER, "hang", 4],
                    **{hangreport.RECORD_VARIABLE: str(record)})
     try:
         assert run.wait_for(lambda: hangreport.load(record), 90), run.output[-3000:]
@@ -148,7 +148,7 @@ def test_with_the_watch_attached_from_outside_a_hang_names_who_never_arrived(tmp
     assert rc != 0
     assert "never arrived: rank 1" in run.output, run.output[-3000:]
     assert [b["missing"] for b in hangreport.load(record)] == [[1]]
-    assert "Timed out waiting 6000ms" in run.output, run.output[-3000:]
+    assert "Timed out waiting 4000ms" in run.output, run.output[-3000:]
 
 
 @pytest.mark.slow
@@ -188,7 +188,7 @@ def test_a_step_script_under_plain_python_says_it_needs_torchrun(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_timeout_flag_reaches_init_process_group(tmp_path):
-    """Step 3 with --timeout 5, rank 1 kept from its first collective: rank 0 gives up after 5 s, gloo says so,
+    """Step 3 with --timeout 3, rank 1 kept from its first collective: rank 0 gives up after 3 s, gloo says so,
     and torchrun's summary names rank 0 (the rank that noticed) as the root cause, with gloo's message."""
     hold = tmp_path / "hold.py"  # rank 1 sleeps instead of its first collective: rank 0 waits in it alone
     hold.write_text("import importlib.util, os, sys, time\n"
@@ -198,9 +198,9 @@ def test_the_timeout_flag_reaches_init_process_group(tmp_path):
                     "if os.environ['RANK'] == '1':\n"
                     "    step3.check_all_reduce = lambda device: time.sleep(60)\n"
                     "step3.main(sys.argv[1:])\n")
-    proc = run_torchrun(hold, ["--limit", "200", "--timeout", "5", "--out", tmp_path / "out"], timeout=120)
+    proc = run_torchrun(hold, ["--limit", "200", "--timeout", "3", "--out", tmp_path / "out"], timeout=120)
     assert proc.returncode != 0
-    assert "Timed out waiting 5000ms for recv operation to complete" in proc.stderr, proc.stderr[-3000:]
+    assert "Timed out waiting 3000ms for recv operation to complete" in proc.stderr, proc.stderr[-3000:]
     root = _summary(proc.stderr).split("Root Cause (first observed failure):", 1)[1]
     assert "rank      : 0 (local_rank: 0)" in root, root
-    assert "Timed out waiting 5000ms for recv operation to complete" in root, root
+    assert "Timed out waiting 3000ms for recv operation to complete" in root, root

@@ -249,12 +249,14 @@ class Watch:
         Otherwise a rank still leaving would find the store gone, and torch would print its socket errors.
         """
         deadline, waiting = time.monotonic() + seconds, set(range(1, self.world_size))
-        while waiting and time.monotonic() < deadline:
+        while True:
             for r in list(waiting):
                 if self.main_store.check([f"where/{r}"]) and \
                         json.loads(self.main_store.get(f"where/{r}"))["asked"] == LEFT:
                     waiting.discard(r)
-            time.sleep(0.05)
+            if not waiting or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
 
     # --------------------------------------------------------------- the diagnosis
     def explain(self, call: Call, how: str, store: dist.Store | None = None) -> None:
@@ -274,12 +276,14 @@ class Watch:
             asked = store.add("ask", 1)
             store.set(f"where/{self.rank}", self.where(asked))
             deadline = time.time() + 3 * self.poll + 1.0
-            while len(answers) < self.world_size and time.time() < deadline:
+            while True:
                 for r in range(self.world_size):
                     if r not in answers and store.check([f"where/{r}"]):
                         answer = json.loads(store.get(f"where/{r}"))
                         if answer["asked"] >= asked:
                             answers[r] = answer
+                if len(answers) == self.world_size or time.time() >= deadline:
+                    break
                 time.sleep(0.05)
         except dist.DistNetworkError:
             pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer

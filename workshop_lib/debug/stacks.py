@@ -149,8 +149,13 @@ def _catches_sigusr1(pid: int) -> bool:
     return bool(caught >> (signal.SIGUSR1 - 1) & 1)
 
 
-def signal_stack(pid: int, show_all: bool = False, wait: float = 2.0) -> tuple[list[str], str]:
-    """SIGUSR1 -> faulthandler writes the stack to the rank's stderr; read it back if stderr is a file."""
+def signal_stack(pid: int, show_all: bool = False, wait: float = 5.0) -> tuple[list[str], str]:
+    """SIGUSR1 -> faulthandler writes the stack to the rank's stderr; read it back if stderr is a file.
+
+    faulthandler writes from its C signal handler, at once, even while the rank waits in C++: the dump is
+    read as soon as the main thread's block (the one naming ``<module>``) is there and the file has stopped
+    growing; ``wait`` bounds it.
+    """
     if not hasattr(signal, "SIGUSR1") or not _catches_sigusr1(pid):
         raise RuntimeError("the rank has no SIGUSR1 handler (start the job with -m workshop_lib.watch for one)")
     try:
@@ -161,10 +166,15 @@ def signal_stack(pid: int, show_all: bool = False, wait: float = 2.0) -> tuple[l
     os.kill(pid, signal.SIGUSR1)
     if start is None:
         return [], f"sent SIGUSR1: the stack is in the rank's stderr ({log or 'not a file'})"
-    time.sleep(wait)
-    with open(log, errors="replace") as f:
-        f.seek(start)
-        text = f.read()
+    text, deadline = "", time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            now = f.read()
+        if now == text and "<module>" in now:
+            break
+        text = now
     # faulthandler prints each thread, innermost first; the main thread's block is the one naming <module>.
     blocks = re.split(r"\n(?=Thread 0x|Current thread 0x)", text)
     main = next((b for b in blocks if "<module>" in b), blocks[-1] if blocks else "")

@@ -178,7 +178,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
                 stopping.watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
                                   None if hang_after is None else lambda: _hang_in_logs(log_dir)), \
-                stopping.own_signal_handlers(), stopping.short_grace(), _no_start_skew():
+                stopping.own_signal_handlers(), stopping.short_grace(), _lean_rendezvous():
             results = elastic_launch(config, _rank_main)(fn, backend, timeout, hang_after, log_dir, *args)
     except ChildFailedError as err:
         raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(err), log_dir)) from None
@@ -201,19 +201,31 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
 
 
 @contextlib.contextmanager
-def _no_start_skew():
-    """Without the random 0-0.3 s that torch's rendezvous sleeps before its first round.
+def _lean_rendezvous():
+    """torch's rendezvous for one agent, without two costs that only matter to several nodes or to nobody.
 
-    It skews the agents of several nodes so that they do not reach the store at once; a notebook launch has one
-    agent, and the sleep was about 40% of a launch of 2 ranks here (0.4 s, 0.24 s without it).
-    The fixed delays (1 s between polls of a rendezvous that is still forming) stay.
+    - The random 0-0.3 s it sleeps before its first round skews the agents of several nodes so that they do not
+      reach the store at once; a notebook launch has one agent. The sleep was about 40% of a launch of 2 ranks
+      here (0.4 s, 0.24 s without it). The fixed delays (1 s between polls of a rendezvous still forming) stay.
+    - Each of its log records names the calling method through ``inspect.stack()``, which reads the source of
+      every frame on the stack and searches ``sys.modules`` for each: about 9 records a launch, 14 ms each in a
+      small process and more in a kernel or a test run, whose stacks are deep and whose modules are many. The
+      same name comes from the frame itself.
     """
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    def make(original):
+    def no_skew(original):
         return lambda seconds: None if isinstance(seconds, tuple) else original(seconds)
 
-    with patched(dynamic_rendezvous, "_delay", make):
+    def method_name(original):
+        def get_method_name(depth: int = 2) -> str:  # torch's: inspect.stack()[depth].function
+            try:
+                return sys._getframe(depth).f_code.co_name
+            except ValueError:  # a stack shallower than depth
+                return "no_method_name"
+        return get_method_name
+
+    with patched(dynamic_rendezvous, "_delay", no_skew), patched(dynamic_rendezvous, "get_method_name", method_name):
         yield
 
 

@@ -10,7 +10,7 @@ waiting rank is released when the failed rank's connections close.
 
 from __future__ import annotations
 
-LINGER = 2.0  # seconds rank 1 lives on after its failure (a waiting rank notices a closed socket well within it)
+LINGER = 1.0  # seconds rank 1 lives on after its failure (a waiting rank notices a closed socket well within it)
 
 
 def _rank(env, leave: bool, linger: float) -> dict:

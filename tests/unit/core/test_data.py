@@ -40,6 +40,18 @@ def test_tokenizer_names_an_unknown_character():
         SmilesTokenizer.split("CCXC", row=3)
 
 
+def test_fitting_in_one_pass_gives_the_vocabulary_of_molecule_by_molecule_and_names_the_same_bad_one():
+    smiles = load_table(SHIPPED).smiles
+    by_molecule = sorted({t for s in smiles for t in SmilesTokenizer.split(s)})
+    assert SmilesTokenizer.fit(smiles).itos[2:] == by_molecule
+    # An unclosed bracket must not pair with the next molecule's ']' across the separator, even when a skipped
+    # character elsewhere makes the lengths add up; nor may a molecule hide a newline.
+    for bad, named in ((["CC", "C[N", "H]C!"], r"'C\[N' in row 3 .* '\[' at position 1"),
+                       (["CCO", "C\nC"], r"'C\\nC' in row 3 .* '\\n' at position 1")):
+        with pytest.raises(InputError, match=named):
+            SmilesTokenizer.fit(bad)
+
+
 def test_bbbp_layout_is_detected(bbbp_style_csv):
     table = load_table(bbbp_style_csv)
     assert table.labels.tolist() == [1, 1, 0, 0]

@@ -7,6 +7,8 @@ wrapper around ``main`` for either.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch.distributed
 
@@ -84,11 +86,14 @@ def test_the_real_process_prints_one_line(tmp_path, args, status, message):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_under_torchrun_every_rank_prints_its_line_and_torchrun_exits_1(tmp_path):
-    """Each rank stops before joining the group; torchrun's summary lists exit code 1 (no traceback: none is due)."""
+    """Each rank stops before joining the group with its one line; torchrun's summary lists exit code 1 (no traceback:
+    none is due). Once one rank has exited, torchrun stops the others (SIGTERM): a rank a moment behind may be
+    stopped before it gets to its line (or after it, while it exits): each rank printed it or is listed as stopped."""
     proc = run_torchrun(SOLUTIONS / "step3_ddp.py", ["--data", "missing.csv", "--out", tmp_path / "out"], timeout=100)
     line = "error: data file missing.csv not found; pass --data PATH to a CSV with SMILES and 0/1 labels"
     assert proc.returncode == 1
-    assert proc.stderr.count(line + "\n") == 2, proc.stderr[-3000:]
+    printed, stopped = proc.stderr.count(line + "\n"), len(re.findall(r"exitcode  : -15 .*\(SIGTERM\)", proc.stderr))
+    assert printed == 2 or (printed, stopped) == (1, 1), proc.stderr[-3000:]
     assert proc.stderr.count("Traceback") == 1, proc.stderr[-3000:]  # torchrun's own ChildFailedError, no rank's
     assert "exitcode  : 1" in proc.stderr
     assert not (tmp_path / "out").exists()

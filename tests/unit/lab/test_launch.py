@@ -80,7 +80,7 @@ def test_torchrun_failure_raises_with_the_ranks_last_lines_and_show_all_labels_t
 @pytest.mark.timeout(150)
 def test_torchrun_timeout_stops_every_rank(script, tmp_path):
     with pytest.raises(launch.LaunchError, match="timed out after"):
-        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=10, progress=False)
+        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=7, progress=False)  # both start in ~3 s
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     assert still_alive(pids, timeout=10) == []  # gone, or at most zombies awaiting their reaper
 
@@ -341,3 +341,31 @@ def test_notebook_launch_has_no_random_start_skew_and_leaves_torchs_delay_as_it_
     assert forklaunch.notebook_launch(_all_reduce, 2, 1.0)[0] == (0, 2, 3.0)
     assert [s for s in asked if isinstance(s, tuple)] == []
     assert dynamic_rendezvous._delay == asked.append  # put back after the launch
+
+
+@pytest.mark.timeout(120)
+def test_notebook_launch_names_torchs_rendezvous_records_without_inspect_stack(monkeypatch):
+    """torch's rendezvous names the method of each log record with inspect.stack(), which reads every frame's source:
+    the launch takes the same name from the frame, and puts torch's function back."""
+    import inspect
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    torchs = dynamic_rendezvous.get_method_name
+
+    def _record():  # as torch's _record asks: the name of the method that called it
+        return dynamic_rendezvous.get_method_name()
+
+    def next_rendezvous():
+        return _record()
+
+    with forklaunch._lean_rendezvous():
+        assert dynamic_rendezvous.get_method_name is not torchs
+        assert next_rendezvous() == "next_rendezvous"
+        assert dynamic_rendezvous.get_method_name(10_000) == "no_method_name"  # torch's answer to a shallow stack
+    assert dynamic_rendezvous.get_method_name is torchs and next_rendezvous() == "next_rendezvous"
+    calls: list = []
+    stack = inspect.stack
+    monkeypatch.setattr(inspect, "stack", lambda *a, **k: calls.append(1) or stack(*a, **k))
+    assert forklaunch.notebook_launch(_all_reduce, 2, 1.0)[0] == (0, 2, 3.0)
+    assert calls == []  # torch's own get_method_name: 2 calls for each of about 9 records

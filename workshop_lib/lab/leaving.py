@@ -19,6 +19,7 @@ def _rank(env, leave: bool, linger: float) -> dict:
     import torch
     import torch.distributed as dist
 
+    dist.barrier()  # both ranks in the group: init returns on one rank before the other has finished connecting
     if env.rank == 1:
         try:
             raise RuntimeError("a bug in rank 1's training")

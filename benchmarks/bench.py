@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED = REPO / "workshop_lib" / "dataset" / "b3db_classification.csv"
+SHIPPED = REPO / "dataset" / "b3db_classification.csv"
 STEP3 = REPO / "solutions" / "step3_ddp.py"
 ORIGINAL = REPO / "benchmarks" / "original_recipe.py"
 RANK_RSS = REPO / "benchmarks" / "rank_rss.py"

@@ -1,4 +1,4 @@
-"""Regenerate ``workshop_lib/dataset/b3db_classification.csv`` (package data) from the qc-B3DB package.
+"""Regenerate ``dataset/b3db_classification.csv`` (package data) from the qc-B3DB package.
 
 The shipped CSV is derived, not hand-edited. This script rebuilds it from the
 ``B3DB/B3DB_classification.tsv`` file inside the ``qc-B3DB`` distribution and
@@ -26,7 +26,7 @@ from pathlib import Path
 
 SOURCE_MEMBER = "B3DB/B3DB_classification.tsv"
 HERE = Path(__file__).resolve().parent
-TARGET = HERE.parent / "workshop_lib" / "dataset" / "b3db_classification.csv"  # shipped in the wheel
+TARGET = HERE / "b3db_classification.csv"  # shipped in the wheel as workshop_lib/dataset/ (pyproject.toml)
 LABELS = {"BBB+": "1", "BBB-": "0"}
 
 

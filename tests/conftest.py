@@ -19,6 +19,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
-SHIPPED = REPO / "workshop_lib" / "dataset" / "b3db_classification.csv"  # package data
+SHIPPED = REPO / "dataset" / "b3db_classification.csv"  # package data (workshop_lib.dataset, installed)
+# What `pip install .` builds the wheel from: the package, its data (dataset/, mapped in pyproject.toml), the build's files.
+PACKAGE_SOURCE = ("workshop_lib", "dataset", "pyproject.toml", "setup.py", "README.md", "LICENSE")
+
+
+def copy_package_source(dest: Path) -> Path:
+    """A copy of :data:`PACKAGE_SOURCE` in ``dest``: the build writes build/ and *.egg-info beside its sources."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PACKAGE_SOURCE:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, dest / name)
+    return dest
 
 # A few real molecules (from the shipped table), BBBP's column layout.
 BBBP_STYLE = """num,name,p_np,smiles
@@ -142,18 +156,7 @@ _STARTS_PROCESSES = re.compile(r"\b(run_torchrun|run_python|torchrun|notebook_la
 _PROCESS_FIXTURES = {"cluster", "step0_twice", "loaded_by", "verdicts"}
 
 
-NO_EXIT_GC = REPO / "tests" / "no_exit_gc"  # its sitecustomize: the run's Pythons skip the collections of their exit
-
-
-def _without_exit_collections() -> None:
-    """Every Python this run starts imports tests/no_exit_gc/sitecustomize.py (see its docstring): on PYTHONPATH."""
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(NO_EXIT_GC) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(NO_EXIT_GC), *paths])
-
-
 def pytest_configure(config) -> None:
-    _without_exit_collections()  # before xdist starts its workers: they, and all they start, inherit it
     # The run's id, known to this (controlling) process too, so that it can remove what the workers saved under it.
     if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "absent") is None:
         import uuid

@@ -1,7 +1,8 @@
 """Where the workshop's files are, and writing files that are never half there (snapshots, metrics.json).
 
 The package works installed as well as from the clone: the shipped dataset is
-package data (:data:`DEFAULT_DATA`), and runs go under the current folder
+package data (:data:`DEFAULT_DATA`: ``dataset/`` in the clone, the package
+``workshop_lib.dataset`` installed), and runs go under the current folder
 (``--out runs/latest``, relative). The lab's instruments that need the clone
 (the notebooks, the solutions, the exercises, a learner's ``runs/mine``) find it
 from the current folder with :func:`lab_root`, never from where the package lies.
@@ -11,12 +12,25 @@ from __future__ import annotations
 
 import os
 import tempfile
+from importlib.resources import files
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
 
+
+def _shipped(name: str) -> Path:
+    """The package data ``name``: dataset/ of the clone (the editable install maps workshop_lib.dataset there),
+    workshop_lib/dataset/ in site-packages (pyproject.toml's package-dir)."""
+    try:
+        folder = files("workshop_lib.dataset")
+    except ModuleNotFoundError:  # an editable install made before pyproject.toml mapped dataset/ (its finder is fixed)
+        raise WorkshopError("workshop_lib.dataset (the shipped table, dataset/) is not installed: in your clone of "
+                            "the workshop, run `pip install --no-deps -e .` again") from None
+    return Path(folder / name)
+
+
 PACKAGE = Path(__file__).resolve().parent  # workshop_lib/, in the clone or in site-packages
-DEFAULT_DATA = PACKAGE / "dataset" / "b3db_classification.csv"  # B3DB, shipped in the wheel (package data)
+DEFAULT_DATA = _shipped("b3db_classification.csv")  # B3DB, shipped in the wheel (package data)
 CLONE_MARKS = ("notebooks", "solutions")  # the folders that make a folder the workshop's clone
 
 

@@ -26,7 +26,8 @@ def shown(text: str | Path) -> str:
     """``text`` without the package's folder and the clone's (else the current folder's) absolute path.
 
     Printed lines read the same on every machine: the shipped dataset reads
-    ``workshop_lib/dataset/b3db_classification.csv`` installed or not, a run's folder ``runs/...``.
+    ``dataset/b3db_classification.csv`` in the clone (``workshop_lib/dataset/...`` installed), a run's folder
+    ``runs/...``.
     """
     text = str(text)
     for folder in (PACKAGE.parent, lab_root()):

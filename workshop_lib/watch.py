@@ -9,20 +9,11 @@ environment's WORKSHOP_HANG_AFTER, else a quarter of the process group's timeout
 the rank prints who never arrived and where each rank is
 (:mod:`workshop_lib.debug.hangwatch`); ``--record`` (or WORKSHOP_HANG_RECORD)
 also saves that block as JSON. Under plain python, a world of one, nothing is watched.
-
-When SCRIPT has ended (returned or raised), the watch freezes the garbage collector
-(``gc.freeze()``): the interpreter's exit then skips its last passes over every
-object torch created. A 2-rank torchrun of step 3 on 400 molecules took 5.4 s
-instead of 6.4 s, and 8.0 CPU-seconds instead of 10.1, on 2 cores
-(``benchmarks/watch_exit.py``). atexit handlers and module teardown still run; only
-garbage in reference cycles is left to the operating system, and Python never
-promised ``__del__`` for objects alive at exit: a script closes what it must flush.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import runpy
 import sys
@@ -69,7 +60,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        gc.freeze()  # see the module's docstring: a faster exit, nothing the script did changes
+    main()

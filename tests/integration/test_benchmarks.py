@@ -30,7 +30,7 @@ def test_dry_run_plans_both_recipes_and_scaling_at_each_global_batch(bbbp_style_
     original = next(j for j in jobs if j["name"] == "original" and j["dataset"] == "tiny.csv")
     assert original["threads"] is None and original["repeats"] == 3  # torch's default threads, median of 3
     workshop = next(j for j in jobs if j["name"] == "workshop")
-    shipped = str(REPO / "workshop_lib" / "dataset" / "b3db_classification.csv")
+    shipped = str(REPO / "dataset" / "b3db_classification.csv")
     assert "--nproc_per_node=2" in workshop["cmd"] and workshop["cmd"][-2:] == ["--data", shipped]
     scaling = [j for j in jobs if j["group"] == "scaling"]
     default = TrainConfig().batch_size * 2  # two processes at the default batch each

@@ -21,9 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SOLUTIONS, cpu_env
-
-SOURCE = ("workshop_lib", "pyproject.toml", "README.md", "LICENSE")  # what `pip install .` builds from
+from tests.conftest import SHIPPED, SOLUTIONS, copy_package_source, cpu_env
 
 
 def _site_packages(python: Path) -> Path:
@@ -44,11 +42,7 @@ def _fresh_env(where: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pip_install_then_step3_from_another_folder_trains_on_the_shipped_dataset(tmp_path):
-    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info beside the sources
-    for name in SOURCE:
-        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
-        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
-                                            if (REPO / name).is_dir() else {}))
+    source = copy_package_source(tmp_path / "source")  # a copy: the build writes build/ and *.egg-info there
     python = _fresh_env(tmp_path / "venv")
     env = cpu_env()
     env.pop("PYTHONPATH", None)
@@ -61,11 +55,15 @@ def test_pip_install_then_step3_from_another_folder_trains_on_the_shipped_datase
     elsewhere.mkdir()
     shutil.copy(SOLUTIONS / "step3_ddp.py", elsewhere / "step3_ddp.py")
     where = subprocess.run([str(python), "-c", "import workshop_lib.paths as p; print(p.__file__); "
-                            "print(p.DEFAULT_DATA.is_file())"], capture_output=True, text=True, timeout=60,
+                            "print(p.DEFAULT_DATA)"], capture_output=True, text=True, timeout=60,
                            env=env, cwd=elsewhere)
-    installed, shipped = where.stdout.split()
-    assert Path(installed).is_relative_to(_site_packages(python)), installed  # the installed copy, not the clone
-    assert shipped == "True"  # the dataset is package data
+    assert where.returncode == 0, where.stderr[-2000:]
+    installed, data = map(Path, where.stdout.splitlines())
+    site_packages = _site_packages(python)
+    assert installed.is_relative_to(site_packages), installed  # the installed copy, not the clone
+    # The dataset is package data: dataset/ of the clone, installed as workshop_lib/dataset/ (pyproject.toml).
+    assert data.resolve() == (site_packages / "workshop_lib" / "dataset" / SHIPPED.name).resolve(), data
+    assert data.read_bytes() == SHIPPED.read_bytes()
 
     run = subprocess.run([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "step3_ddp.py", "--limit", "300", "--epochs", "1", "--no-tensorboard"],

@@ -4,7 +4,6 @@ the lab extra; a wheel holds the core and the instruments, and none of the cours
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SOLUTIONS, cpu_env
+from tests.conftest import REPO, SHIPPED, SOLUTIONS, copy_package_source, cpu_env
 
 TOOLS = ("workshop_lib.debug", "workshop_lib.lab", "workshop_lib.checks", "workshop_lib.scaling")
 
@@ -75,10 +74,7 @@ def test_every_module_imports_without_the_lab_extra_or_scikit_learn():
 
 def build_wheel(tmp_path: Path) -> Path:
     """``pip wheel`` of a copy of the package (no network, no build isolation: setuptools of this environment)."""
-    source = tmp_path / "source"  # a copy: the build leaves its build/ folder there, not in the repository
-    shutil.copytree(REPO / "workshop_lib", source / "workshop_lib", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(REPO / name, source / name)
+    source = copy_package_source(tmp_path / "source")  # a copy: the build leaves build/ there, not in the repository
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
                            "-w", str(tmp_path), str(source)], capture_output=True, text=True, timeout=170,
                           env=cpu_env())
@@ -93,10 +89,16 @@ TOOLING = ("build", "site", "selftest", "budget", "episodes", "sitelinks", "exec
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_wheel_holds_the_core_and_the_instruments_and_none_of_the_course_tooling(tmp_path):
-    names = zipfile.ZipFile(build_wheel(tmp_path)).namelist()
+    wheel = zipfile.ZipFile(build_wheel(tmp_path))
+    names = wheel.namelist()
     in_wheel = {n for n in names if n.startswith("workshop_lib/") and n.endswith(".py")}
     in_tree = {p.relative_to(REPO).as_posix() for p in (REPO / "workshop_lib").rglob("*.py")}
-    assert in_wheel == in_tree
+    assert in_wheel == in_tree | {"workshop_lib/dataset/__init__.py"}  # dataset/ is workshop_lib.dataset (pyproject)
+    # The data: the top-level dataset/ installs as workshop_lib/dataset/, the table alone (setup.py and the
+    # package-data list keep its README and make_b3db.py out).
+    data = sorted(n for n in names if n.startswith("workshop_lib/dataset/"))
+    assert data == ["workshop_lib/dataset/__init__.py", f"workshop_lib/dataset/{SHIPPED.name}"], data
+    assert wheel.read(f"workshop_lib/dataset/{SHIPPED.name}") == SHIPPED.read_bytes()
     core = {f"workshop_lib/{m}.py" for m in ("config", "data", "model", "metrics", "report", "checkpoint", "split")}
     instruments = {"workshop_lib/watch.py", "workshop_lib/check.py", "workshop_lib/debug/hangwatch.py",
                    "workshop_lib/checks/rules.py", "workshop_lib/lab/launch.py", "workshop_lib/lab/forklaunch.py",

@@ -1,11 +1,9 @@
 """The exercise check of notebook 00 (the baseline): the training loop of ``train_epoch``, judged by what it did.
 
-The learner's ``train_epoch(model, loader, optimizer, device)`` runs over 3
-batches (4 + 4 + 2 molecules) of a tiny model without dropout, with SGD. The
-same loop, written out here, runs on a copy from the same weights: the
-learner's weights must end where it ends (each batch's own gradients, one step
-per batch), and the returned tensor must hold the sum of each batch's loss
-times its molecules, and the molecules.
+The learner's ``train_epoch(model, loader, optimizer, device)`` runs over 3 batches (4 + 4 + 2 molecules) of a tiny
+model without dropout, with SGD. The same loop, written out here, runs on a copy from the same weights: the
+learner's weights must end where it ends (each batch's own gradients, one step per batch), and the returned tensor
+must hold the sum of each batch's loss times its molecules, and the molecules.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from workshop_lib.checks.common import CheckFailed, _call, _passed
+from workshop_lib.checks.recorder import Collectives, Recorder
 from workshop_lib.data import TokenizedDataset, collate
 from workshop_lib.debug import collectives
 
@@ -63,19 +62,6 @@ def _reference(model, loader, zero_grad: bool = True) -> tuple[torch.Tensor, flo
     return _weights(model), total, means
 
 
-class _Backwards:
-    """An observer of :mod:`workshop_lib.debug.collectives` that counts loss.backward() calls."""
-
-    def __init__(self):
-        self.count = 0
-
-    def enter(self, op: str, args: tuple, kwargs: dict):
-        self.count += op == collectives.BACKWARD
-
-    def leave(self, token, error) -> None:
-        pass
-
-
 def train_epoch(fn: Callable) -> None:
     """The learner's ``train_epoch``: each batch's own gradients, one optimizer step a batch, the right sums."""
     n = sum(SIZES)
@@ -85,16 +71,16 @@ def train_epoch(fn: Callable) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     stepped = []
     optimizer.register_step_post_hook(lambda *_: stepped.append(1))
-    backwards = _Backwards()
-    with collectives.observing(backwards), contextlib.redirect_stdout(io.StringIO()):
+    rec = Recorder()  # counts the loss.backward() calls (rec.backwards)
+    with collectives.observing(Collectives(rec)), contextlib.redirect_stdout(io.StringIO()):
         totals = _call(fn, "train_epoch", model, loader, optimizer, torch.device("cpu"))
     want, total, means = _reference(copy.deepcopy(_model()), loader)
     if not isinstance(totals, torch.Tensor) or totals.shape != (2,):
         raise CheckFailed(f"train_epoch returned {totals!r}, not a tensor [loss sum, molecules]: keep "
                           f"`return totals`")
     batches = len(SIZES)
-    if backwards.count != batches:
-        raise CheckFailed(f"loss.backward() ran {backwards.count} time(s) for {batches} batches: once per batch, "
+    if rec.backwards != batches:
+        raise CheckFailed(f"loss.backward() ran {rec.backwards} time(s) for {batches} batches: once per batch, "
                           f"inside the loop, so that each step has its batch's gradients")
     if len(stepped) != batches:
         raise CheckFailed(f"optimizer.step() ran {len(stepped)} time(s) for {batches} batches: once per batch, "

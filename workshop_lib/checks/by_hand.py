@@ -1,14 +1,12 @@
 """The check of notebook 04b's optional exercise: data parallelism by hand, each gradient all-reduced as it is made.
 
-The learner's ``train_by_hand(model, optimizer, batches)`` registers a hook per
-parameter (``Tensor.register_post_accumulate_grad_hook``) that starts an
-asynchronous all-reduce of its gradient, and waits for the handles before each
-``optimizer.step()``. :func:`by_hand` runs it on 2 forked ranks next to DDP and
-next to the plain version that all-reduces every gradient after ``backward()``
-(:func:`after_backward`), from the same weights on the same batches with SGD:
-the weights must match DDP's to 1e-6, and every all-reduce must have been waited
-for before the step that uses it. It prints each version's step time against
-DDP's. Same contract as ``workshop_lib.checks.common``.
+The learner's ``train_by_hand(model, optimizer, batches)`` registers a hook per parameter
+(``Tensor.register_post_accumulate_grad_hook``) that starts an asynchronous all-reduce of its gradient, and waits
+for the handles before each ``optimizer.step()``. :func:`by_hand` runs it on 2 forked ranks next to DDP and next to
+the plain version that all-reduces every gradient after ``backward()`` (:func:`after_backward`), from the same
+weights on the same batches with SGD: the weights must match DDP's to 1e-6, and every all-reduce must have been
+waited for before the step that uses it. It prints each version's step time against DDP's. Same contract as
+``workshop_lib.checks.common``.
 """
 
 from __future__ import annotations

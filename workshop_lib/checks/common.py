@@ -1,9 +1,8 @@
 """Instant feedback for the exercises: each check runs the learner's own function and says what is wrong.
 
-A check prints one line starting with a tick when the exercise works (and
-returns None, so a notebook cell shows nothing else). When it does not, it
-raises CheckFailed, whose message says what happened and what to
-change; in Jupyter it shows as that one line, without a traceback.
+A check prints one line starting with a tick when the exercise works (and returns None, so a notebook cell shows
+nothing else). When it does not, it raises CheckFailed, whose message says what happened and what to change; in
+Jupyter it shows as that one line, without a traceback.
 """
 
 from __future__ import annotations
@@ -62,8 +61,6 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
     ``fix``: what the line tells the learner to do about a hang.
     """
-    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
-
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
     from workshop_lib.lab.launch import LaunchError
 

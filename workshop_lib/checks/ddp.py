@@ -1,11 +1,9 @@
 """The exercise checks of notebook 03 (DDP): each runs the learner's own code and names the mistake.
 
-As in :mod:`workshop_lib.checks.common`: a tick and one line when the exercise works,
-else :class:`CheckFailed` with one line. :func:`average_gradients` runs on 2 ranks
-forked by :func:`workshop_lib.lab.forklaunch.notebook_launch` and compares one
-step of the learner's averaging with DDP's. The step script is checked by the
-script checker (``check.script(path)``), which judges the DDP wrap by the
-replicas' spread after every step of a real run.
+As in :mod:`workshop_lib.checks.common`: a tick and one line when the exercise works, else :class:`CheckFailed` with
+one line. :func:`average_gradients` runs on 2 ranks forked by :func:`workshop_lib.lab.forklaunch.notebook_launch`
+and compares one step of the learner's averaging with DDP's. The step script is checked by the script checker
+(``check.script(path)``), which judges the DDP wrap by the replicas' spread after every step of a real run.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ def _by_hand(env, fn: Callable) -> dict:
     """One step of a plain model with ``fn`` averaging its gradients, and one of the same model under DDP."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from workshop_lib.checks import record
+    from workshop_lib.checks.recorder import Collectives, Recorder
     from workshop_lib.debug import collectives
     from workshop_lib.model import SmilesLSTM
 
@@ -38,8 +36,8 @@ def _by_hand(env, fn: Callable) -> dict:
     for model in (plain, wrapped):
         torch.nn.functional.binary_cross_entropy_with_logits(model(tokens, torch.full((4,), 6)), labels).backward()
     local = [p.grad.clone() for p in plain.parameters()]
-    rec = record.Recorder()
-    with collectives.observing(record.Collectives(rec)):
+    rec = Recorder()
+    with collectives.observing(Collectives(rec)):
         fn(plain)
     ops = [e.get("op") for e in rec.events if e["kind"] == "collective" and e["phase"] == "enter"]
     ddp_grads = [p.grad for p in wrapped.module.parameters()]

@@ -1,8 +1,7 @@
 """Reading what the ranks recorded (:mod:`workshop_lib.checks.record`): the measurements every rule uses.
 
-A :class:`~workshop_lib.checks.runner.Run` holds each rank's events and its
-parameters after each optimizer step. The functions here turn them into what
-the rules judge: how each rank left, what it was waiting in, the replicas'
+A :class:`~workshop_lib.checks.runner.Run` holds each rank's events and its parameters after each optimizer step.
+The functions here turn them into what the rules judge: how each rank left, what it was waiting in, the replicas'
 spread after each step, the indices each loader pass read.
 """
 
@@ -11,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
-
-Events = dict[int, list[dict]]  # rank -> its events, in order
 
 # A rank whose collective failed because a peer went away, or waited out the group's timeout: not the culprit.
 _LOST = ("Connection closed", "Connection reset", "Broken pipe", "lost contact", "connection refused",
@@ -99,10 +96,6 @@ def passes(events: list[dict], split: str) -> list[list[int]]:
     for e in _of(events, "fetched", split=split):
         found.setdefault(e["epoch_pass"], []).extend(e["indices"])
     return [found[k] for k in sorted(found)]
-
-
-def pass_events(events: list[dict], split: str) -> list[dict]:
-    return _of(events, "pass", split=split)
 
 
 def samplers(events: list[dict], split: str | None = None) -> list[dict]:

@@ -26,9 +26,7 @@ from workshop_lib.checks.hang_runs import (  # noqa: F401 (the notebook's and th
     Run,
     deadlocked,
     launch,
-    load,
     terminal,
-    terminal_command,
     train_offset,
 )
 from workshop_lib.lab import sequences

@@ -1,16 +1,12 @@
 """Running the hang labs of notebooks/05_when_it_hangs.ipynb: their cells on forked ranks, or their scripts in a terminal.
 
-Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train()`` cell holds one classic
-bug: as it is in the exercise notebook, in a BROKEN block above the fix in the solution notebook
-(:mod:`workshop_lib.lab.spans`). The lab's cells, as the learner last ran them, run in a fresh namespace
-(under the names ``shared-cell`` and ``train-cell``, so that line numbers are the cells' own) and
-``train()`` runs on two forked ranks, with the hang watch installed by the fork launcher
-(:func:`workshop_lib.lab.forklaunch.notebook_launch`'s ``hang_after``): the lab's code holds no line of it.
-:func:`launch` returns a :class:`Run`: each rank's measures when it finished, the watch's saved record when
-it hung, each rank's traceback and whole error when it failed. :func:`terminal` runs a lab's script as a
-learner does in a terminal (``torchrun --nproc_per_node=2 exercises/hangN_....py``), reads every rank's stack
-with ``python -m workshop_lib.diagnose`` while it hangs, and keeps torch's own error when its timeout ends it.
-What the learner reads and writes is judged in :mod:`workshop_lib.checks.hang_labs`.
+Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train()`` cell holds one classic bug (in
+the solution notebook, a BROKEN block above the fix: :mod:`workshop_lib.lab.spans`). :func:`launch` runs the lab's
+cells as the learner last ran them in a fresh namespace (named ``shared-cell`` and ``train-cell``, so that line
+numbers are the cells' own) and ``train()`` on two forked ranks with the fork launcher's hang watch; the
+:class:`Run` holds each rank's measures, the watch's record, or each rank's traceback and error. :func:`terminal`
+runs a lab's script under torchrun as a learner does, with ``python -m workshop_lib.diagnose`` while it hangs. What
+the learner reads and writes is judged in :mod:`workshop_lib.checks.hang_labs`.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 from workshop_lib.config import TrainConfig
 from workshop_lib.debug import hangreport
@@ -34,15 +31,13 @@ from workshop_lib.lab import scripts, sequences, spans
 from workshop_lib.paths import clone_root, lab_root
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
-# Seconds a collective may wait before the watch explains it (the block says "has waited 1 s"): a broken run's
-# steps take milliseconds, and a wait that turns out not to be a deadlock is run again with a longer threshold;
-# a fix's run must not be cut short.
+# Seconds a collective may wait before the watch explains it ("has waited 1 s"): a broken run's steps take
+# milliseconds (a wait that was no deadlock runs again with a longer threshold); a fix's run must not be cut short.
 HANG_AFTER, FIX_HANG_AFTER = 1.0, 8.0
 TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
 # Each lab's batch size: 16 makes 6 and 5 batches of lab 2's uneven shards (81 and 80 molecules); BatchNorm needs
 # no batch of 1 (lab 4: shards of 161).
-BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 16, "hang3_shapes": 32, "hang4_batchnorm_eval": 48,
-         "hang5_unused": 32}
+BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 16, "hang3_shapes": 32, "hang4_batchnorm_eval": 48, "hang5_unused": 32}
 TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
 
 
@@ -81,10 +76,7 @@ def _cells(name: str, notebook: str | Path) -> list[tuple[str, str]]:
 
 
 def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> dict:
-    """Lab ``name``'s cells run into a fresh namespace: their exercise form (``broken``, the bug) or solution form.
-
-    ``edit`` changes the train() cell's text first (tests use it to try a learner's fix).
-    """
+    """Lab ``name``'s cells run into a fresh namespace, as exercise (``broken``) or solution; ``edit``: train()'s text."""
     namespace: dict = {"__name__": f"lab_{name}"}
     for label, source in _cells(_lab(name), notebook):
         text = spans.exercise_source(source, label) if broken else spans.solution_source(source, label)
@@ -100,35 +92,33 @@ def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
     """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    steps, params, wrapper, find_unused = 0, [], [], []
+    steps, params, wrapper, find_unused = [], [], [], []
 
     def count(optimizer, args, kwargs):
-        nonlocal steps
-        steps += 1
+        steps.append(1)
         params[:] = [p for group in optimizer.param_groups for p in group["params"]]
 
-    os.chdir(lab_root())  # file names in the watch's report relative to the clone, as in a terminal
-    evaluate = train.__globals__.get("evaluate")
-    if callable(evaluate):  # this rank's copy of the lab's namespace: which model does evaluate() get?
-        def spy(model, *args, **kwargs):
-            wrapper.append(isinstance(model, DistributedDataParallel))
-            return evaluate(model, *args, **kwargs)
-        train.__globals__["evaluate"] = spy
-    construct = DistributedDataParallel.__init__
+    def spy(model, *args, **kwargs):  # which model does evaluate() get?
+        wrapper.append(isinstance(model, DDP))
+        return evaluate(model, *args, **kwargs)
 
-    def noted(self, *args, **kwargs):  # this forked rank's DDP only: which options did train() give it?
+    def noted(self, *args, **kwargs):  # which options did train() give DDP?
         find_unused.append(bool(kwargs.get("find_unused_parameters")))
         construct(self, *args, **kwargs)
-    DistributedDataParallel.__init__ = noted
+
+    os.chdir(lab_root())  # file names in the watch's report relative to the clone, as in a terminal
+    evaluate, construct = train.__globals__.get("evaluate"), DDP.__init__
+    if callable(evaluate):  # this rank's copy of the lab's namespace
+        train.__globals__["evaluate"] = spy
     hook = register_optimizer_step_post_hook(count)
     try:
-        train(cfg, env.rank, env.world_size, env.device)
+        with mock.patch.object(DDP, "__init__", noted):  # this forked rank's DDP only
+            train(cfg, env.rank, env.world_size, env.device)
     finally:
         hook.remove()
-        DistributedDataParallel.__init__ = construct
     mine = torch.nn.utils.parameters_to_vector(params).detach() if params else torch.zeros(0)  # (P,)
     sizes: list = [None] * env.world_size
     dist.all_gather_object(sizes, mine.numel())
@@ -137,14 +127,11 @@ def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
         everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
         dist.all_gather(everyone, mine)
         spread = max((w - everyone[0]).abs().max().item() for w in everyone)
-    return {"steps": steps, "spread": spread, "wrapper": any(wrapper), "find_unused": any(find_unused)}
+    return {"steps": len(steps), "spread": spread, "wrapper": any(wrapper), "find_unused": any(find_unused)}
 
 
 def deadlocked(record: list[dict]) -> bool:
-    """Does the watch's record show a deadlock: every rank in a call, and not all in the same one?
-
-    Otherwise a rank was only slow to come (a busy machine): the wait would have ended.
-    """
+    """Every rank in a call, not all in the same one: a deadlock (else a rank was only slow to come, the machine busy)."""
     now = [a.get("current") for a in sequences.answers(record).values()]
     calls = {(c["op"], c["seq"], c["tensors"]) for c in now if c}
     return all(now) and len(calls) > 1
@@ -155,8 +142,6 @@ def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Calla
 
     A broken run whose watch spoke before a deadlock (a rank only slow to come) runs again with a longer threshold.
     """
-    import torch._dynamo  # noqa: F401 (DDP imports it on first use: once here, not in every forked rank)
-
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
     from workshop_lib.lab.launch import LaunchError
 
@@ -266,10 +251,9 @@ def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
 def terminal(name: str, timeout: float = TERMINAL_TIMEOUT, limit: float = 120.0) -> Run:
     """Lab ``name``'s exercise script under torchrun as in a terminal; diagnose's stacks while it hangs; torch's error.
 
-    The job runs with the hang watch attached (``-m workshop_lib.watch``), so that its record can be checked;
-    what torch and py-spy print is the same without it. Prints the command, then (once the watch has seen the
-    ranks deadlocked) what ``python -m workshop_lib.diagnose`` prints, then each rank's part of torch's error
-    when the group's ``timeout`` ends the job. ``limit``: seconds before the job is stopped whatever happens.
+    Prints the command, then (once the hang watch, attached so that its record can be checked, has seen the ranks
+    deadlocked) what ``python -m workshop_lib.diagnose`` prints, then each rank's part of torch's error when the
+    group's ``timeout`` ends the job. ``limit``: seconds before the job is stopped whatever happens.
     """
     import subprocess
 

@@ -1,13 +1,11 @@
 """The two-node torchrun command of notebook 04a: read as torchrun reads it, then run as two nodes on this machine.
 
-The learner writes the one command that every node of a two-node job runs,
-with a c10d rendezvous. :func:`two_node_command` parses it with torchrun's own
-argument parser and names, in one line, what would keep two real nodes from
-forming one group. Then it starts the command twice on this machine, as two
-agents that meet at the rendezvous: the endpoint's host becomes 127.0.0.1 and
-its port a free one, and this module (``python -m workshop_lib.checks.nodes``,
-each rank all-reduces a one and says who it is) runs in place of the training
-script. Everything else runs as written.
+The learner writes the one command that every node of a two-node job runs, with a c10d rendezvous.
+:func:`two_node_command` parses it with torchrun's own argument parser and names, in one line, what would keep two
+real nodes from forming one group. Then it starts the command twice on this machine, as two agents that meet at the
+rendezvous: the endpoint's host becomes 127.0.0.1 and its port a free one, and this module (``python -m
+workshop_lib.checks.nodes``, each rank all-reduces a one and says who it is) runs in place of the training script.
+Everything else runs as written.
 """
 
 from __future__ import annotations

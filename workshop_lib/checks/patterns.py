@@ -1,15 +1,11 @@
 """The exercise checks of notebook 04a (patterns of real jobs): each runs the learner's code and names the mistake.
 
-* :func:`allreduce_count`: the learner's prediction of how many all-reduces DDP runs
-  in an accumulation of micro-batches, against the ones recorded
-  (:func:`recording_allreduces`, with :mod:`workshop_lib.checks.record`'s Recorder);
+* :func:`allreduce_count`: the learner's prediction of how many all-reduces DDP runs in an accumulation of
+  micro-batches, against the ones recorded (:func:`recording_allreduces`);
 * :func:`accumulation`: a training loop that accumulates gradients with ``no_sync``;
-* :func:`snapshots`: the learner's step 4 script through the script checker, which
-  resumes a second run into the first one's ``--out`` (also ``check.script(path)``).
+* :func:`snapshots`: the learner's step 4 script through the script checker (also ``check.script(path)``).
 
-The two-node command has its own module, :mod:`workshop_lib.checks.nodes`. Same
-contract as ``workshop_lib.checks.common``: a tick line when the learner's code
-works, else CheckFailed with one line naming the mistake.
+The two-node command has its own module, :mod:`workshop_lib.checks.nodes`.
 """
 
 from __future__ import annotations
@@ -20,16 +16,13 @@ from pathlib import Path
 
 import torch
 
+from workshop_lib.checks.baseline import _weights
 from workshop_lib.checks.common import CheckFailed, _passed, run_forked
-from workshop_lib.checks.record import Recorder
+from workshop_lib.checks.recorder import Recorder
 from workshop_lib.checks.script import check as script
 from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
-
-
-def _weights(model: torch.nn.Module) -> torch.Tensor:
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
 
 
 def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
@@ -188,9 +181,5 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
 
 
 def snapshots(path: str | Path) -> None:
-    """The learner's step 4 script, through the script checker: its run, then a resume into the same --out.
-
-    The resume must start at the snapshot's next epoch and end with the figures of one uninterrupted run
-    (:mod:`workshop_lib.checks.resume`).
-    """
+    """The learner's step 4 script through the script checker: its run, then a resume into the same --out (resume)."""
     script(path, step=4)

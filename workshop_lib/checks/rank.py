@@ -1,8 +1,7 @@
-"""One rank of the script checker's run: the learner's scripts in turn, each as ``__main__``, watched from outside.
+"""One rank of the script checker's run: the learner's script as ``__main__``, watched from outside.
 
-    python -m workshop_lib.checks.rank MANIFEST.json   # RANK, WORLD_SIZE ... from the environment (the runner sets them)
-
-For each item of the manifest this process runs the script as torchrun would
+The runner (:mod:`workshop_lib.checks.runner`) starts two processes per checked run, each with
+the variables torchrun would set, and each calls :func:`run_item`: it runs the script as torchrun would
 (``runpy``, ``sys.argv`` set), with the hang watch attached from outside
 (:func:`workshop_lib.debug.hangwatch.attach`) and the recorder
 (:func:`workshop_lib.checks.record.recording`), and records how the script
@@ -14,24 +13,17 @@ it left). A rank the runner kills has no end: it was stopped.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import runpy
-import shutil
-import socket
 import sys
-import time
 import traceback
-from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 
 from workshop_lib.checks.record import Recorder, recording
 from workshop_lib.debug import hangwatch
-from workshop_lib.debug.hangreport import RECORD_VARIABLE
-from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_line
+from workshop_lib.paths import lab_root
 
 HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
@@ -54,30 +46,6 @@ def _ending(err: BaseException | None, script: str) -> dict:
     return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": _where(err, script)}
 
 
-def _after_the_host(real):
-    """``init_process_group`` called once rank 0's store listens (on ranks other than 0): then as given.
-
-    Under torchrun the agent hosts the store before any rank starts. Here rank 0's
-    own env:// rendezvous hosts it, and a rank that gets there first finds nothing
-    listening: torch's client then retries only after about half a second, which
-    made every checked run that much slower. The wait is bounded by the group's
-    timeout; the call itself is unchanged.
-    """
-    def arrive(*args, **kw):
-        if os.environ.get("RANK") != "0" and "store" not in kw and kw.get("init_method", "env://") == "env://":
-            address = (os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0")))
-            timeout = kw.get("timeout")
-            deadline = time.monotonic() + (timeout.total_seconds() if timeout is not None else 60.0)
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(address, timeout=1.0).close()
-                    break
-                except OSError:
-                    time.sleep(0.01)
-        return real(*args, **kw)
-    return arrive
-
-
 def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
     script = os.path.abspath(script)
@@ -89,7 +57,7 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> d
     hangwatch.attach(threshold=after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
-        with patched(dist, "init_process_group", _after_the_host), recording(rec):
+        with recording(rec):
             runpy.run_path(script, run_name="__main__")
     except BaseException as err:  # every way out is an outcome to report
         error = err
@@ -99,48 +67,33 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> d
     still_joined = dist.is_available() and dist.is_initialized()
     end = rec.add("end", line=False, left_group=not still_joined, **_ending(error, script))
     rec.close()
-    if still_joined:  # a script that never left: the next one must join afresh
+    if still_joined:  # a script that never left
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-    # Private, and needed: group names are numbered per process; the next script's must start where its peer's do.
-    dist.distributed_c10d._world.group_count = 0
     return end
 
 
-def run_rank(manifest: Path, rank: int, world_size: int) -> None:
-    """Each item of the manifest in turn, each on its own port; then exit at once.
+def run_item(item: dict, log: str) -> None:
+    """One rank of one checked run (in a process of its own, :mod:`workshop_lib.checks.runner`): the script, then return.
 
-    Between items the ranks wait for each other on a control store (rank 0 hosts it): a peer still in the
-    last script must not find the next one's rendezvous already started.
+    A forked rank keeps the parent's objects unfreed (their destructors need the parent's threads), writes to its own
+    log, works in the course folder on one thread, and joins gloo on the loopback by name: a forked process must not
+    resolve host names (a lock another thread held at the fork stays locked in the child).
     """
-    import torch._dynamo  # noqa: F401 (DDP imports it on first use, 2-3 s: here, so that no rank waits on its peer's)
+    import gc
 
-    from workshop_lib.lab.launch import free_port
+    import torch
 
-    items = json.loads(Path(manifest).read_text())
-    control = dist.TCPStore("127.0.0.1", int(os.environ["CONTROL_PORT"]), world_size, is_master=rank == 0,
-                            timeout=timedelta(seconds=120), wait_for_workers=False)
-    for i, item in enumerate(items):
-        if rank == 0:
-            if item.get("copy"):  # a run that continues another's --out gets a copy of it (the original stays)
-                shutil.copytree(*item["copy"], dirs_exist_ok=True)
-            # Each script's port is picked just before it runs: gloo's own connections take ephemeral ports
-            # meanwhile, so none is picked ahead.
-            control.set(f"item{i}/port", str(free_port()))
-        os.environ["MASTER_PORT"] = control.get(f"item{i}/port").decode()
-        os.environ[RECORD_VARIABLE] = item["hang"]
-        run_script(f"{item['prefix']}.rank{rank}", item["script"], item["argv"], item["hang"])
-        sys.stdout.flush()
-        control.set(f"item{i}/rank{rank}", "done")
-        control.wait([f"item{i}/rank{r}" for r in range(world_size)], timedelta(seconds=120))
-    # Rank 0 hosts the store: it leaves last, once every peer is past its last wait (else a peer's wait fails).
-    control.set(f"bye{rank}", "")
-    if rank == 0:
-        control.wait([f"bye{r}" for r in range(world_size)], timedelta(seconds=120))
+    gc.freeze()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
+    for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
+        os.environ.pop(name, None)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.chdir(lab_root())
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    run_script(f"{item['prefix']}.rank{rank}", item["script"], item["argv"], item["hang"])
     sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter shutdown: gloo's destructors sometimes abort there
-
-
-if __name__ == "__main__":
-    run_rank(Path(sys.argv[1]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

@@ -1,9 +1,8 @@
 """Step 4, checked through a resume: the snapshot of the first run, the second run that continues it.
 
-The script checker runs step 4 three times (:func:`workshop_lib.checks.script._items`):
-``--epochs 2`` into OUT; ``--epochs 3`` into a copy of OUT (it must find the
-snapshot, train epoch 3 alone, and report all three); ``--epochs 3`` into a
-fresh folder, the uninterrupted run whose figures the resumed one must end with.
+The script checker runs step 4 three times (:func:`workshop_lib.checks.script._items`): ``--epochs 2`` into OUT;
+``--epochs 3`` into a copy of OUT (it must find the snapshot, train epoch 3 alone, and report all three); ``--epochs
+3`` into a fresh folder, the uninterrupted run whose figures the resumed one must end with.
 """
 
 from __future__ import annotations
@@ -59,8 +58,6 @@ def _differ(resumed: list[dict], whole: list[dict]) -> str | None:
 
 def mistake(case: rules.Case, later: list[Run], work: Path) -> str | None:
     """The first thing wrong with the snapshot or the resume, as one line; None when it continues exactly."""
-    from workshop_lib.checks.script import _metrics
-
     found = snapshot_mistake(work / "out", case.epochs)
     if found:
         return found
@@ -77,7 +74,7 @@ def mistake(case: rules.Case, later: list[Run], work: Path) -> str | None:
         return (f"the second run (--epochs {EPOCHS} into the same --out) trained epoch(s) {shown}, not epoch "
                 f"{EPOCHS} alone: start the loop at the epoch checkpoint.restore returns "
                 f"(for epoch in range(first_epoch, cfg.epochs))")
-    got, want = (_metrics(work / "resumed") or {}).get("history", []), (_metrics(work / "whole") or {}).get("history", [])
+    got, want = ((rules.read_metrics(work / run) or {}).get("history", []) for run in ("resumed", "whole"))
     if len(got) != len(want):
         return (f"after resuming, metrics.json holds {len(got)} epochs, the uninterrupted run's {len(want)}: restore "
                 f"the report too (checkpoint.restore(latest, model.module, optimizer, best, report))")

@@ -1,16 +1,15 @@
 """From what every rank did to one line: first how the run ended, then what it did wrong (:mod:`step_rules`).
 
-A :class:`Case` is one checked run: the ranks' records (a
-:class:`~workshop_lib.checks.runner.Run`), the step, and the script's text (for
-the line of a cause). Each rule returns one line or None; the first line wins.
-The rules here are about how the run ended: no rule after them is asked about
-a run where a rank raised, left early, waited or was stopped, so no ✓ comes
-from such a run. Each names the rank that left, where (file:line), and what
-the others waited in, with the hang watch's line where it has one.
+A :class:`Case` is one checked run: the ranks' records (a :class:`~workshop_lib.checks.runner.Run`), the step, and
+the script's text (for the line of a cause). Each rule returns one line or None; the first line wins. The rules here
+are about how the run ended: no rule after them is asked about a run where a rank raised, left early, waited or was
+stopped, so no ✓ comes from such a run. Each names the rank that left, where (file:line), and what the others waited
+in, with the hang watch's line where it has one.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +40,14 @@ class Case:
     def code(self, line: int | None) -> str:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if line and 0 < line <= len(lines) else ""
+
+
+def read_metrics(out: Path) -> dict | None:
+    """What rank 0 wrote to OUT/metrics.json; None if nothing readable."""
+    try:
+        return json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _shorten(text: str, case: Case) -> str:

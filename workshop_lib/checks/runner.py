@@ -1,30 +1,26 @@
 """Running learner's scripts on two single-process "nodes", and stopping a run that can no longer end well.
 
-The two ranks are started without torchrun's agent but with the variables
-``torchrun --nnodes=2 --nproc_per_node=1`` would set: RANK 0 and 1, LOCAL_RANK 0
-on both (a local rank used where the global rank belongs shows), Gloo on CPU
-even where GPUs exist. One pair of processes (:mod:`workshop_lib.checks.rank`)
-runs every item in turn, which saves each script the start of two Pythons. A
-run is stopped (both processes killed) as soon as:
+Each run (an :class:`Item`) gets two fresh ranks from the lab's one launcher
+(:class:`workshop_lib.lab.ranks.Ranks`: forked from this process where fork is
+safe, else spawned), with the variables ``torchrun --nnodes=2 --nproc_per_node=1``
+would set: RANK 0 and 1, LOCAL_RANK 0 on both (a local rank used where the global
+rank belongs shows), the group's store hosted here as torchrun's agent hosts it,
+Gloo on CPU even where GPUs exist. Each rank runs :func:`workshop_lib.checks.rank.run_item`.
+A run is stopped (both processes killed) as soon as:
 
 * the hang watch has saved a block where a rank waits for one still in the job;
 * the ranks joined wrongly (two of them with the same ``rank=``);
 * a rank has ended and another has made no progress for :data:`LEFT_WAITING` s;
 * no rank has made progress for :data:`STALL` s, or the item outlived :data:`LIMIT` s.
 
-A fresh pair then runs the items after it. What each rank recorded is read
-back by :func:`load`.
+What each rank recorded is read back by :func:`load`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import os
-import signal
-import subprocess
-import sys
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,10 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from workshop_lib.debug import hangreport
-from workshop_lib.lab.launch import free_port
-from workshop_lib.lab.processes import kill_tree
+from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.lab.ranks import Ranks
 from workshop_lib.lab.spawning import start_method
-from workshop_lib.paths import lab_root
 
 WORLD = 2
 LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
@@ -51,7 +46,7 @@ class Item:
     script: Path
     argv: list[str]
     prefix: Path
-    copy: tuple[Path, Path] | None = None  # rank 0 copies this folder to that one first (a run that continues another)
+    copy: tuple[Path, Path] | None = None  # the runner copies this folder to that one first (a run that continues another)
     needs: Item | None = None  # an item this one is pointless without: skipped when the runner had to stop that one
 
     @property
@@ -94,99 +89,26 @@ def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: s
     return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
 
 
-def _start(items: Sequence[Item], workdir: Path, first: int) -> list[subprocess.Popen]:
-    manifest = workdir / f"manifest{first}.json"
-    manifest.write_text(json.dumps([{"script": str(Path(i.script).resolve()), "argv": i.argv, "prefix": str(i.prefix),
-                                     "hang": str(i.hang), "copy": [str(p) for p in i.copy] if i.copy else None}
-                                    for i in items]))
-    control = str(free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG"))}
-        env.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", CONTROL_PORT=control, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
-        if start_method() == "fork":
-            procs.append(_Forked(manifest, rank, env, workdir / f"rank{rank}.log"))
-            continue
-        with open(workdir / f"rank{rank}.log", "a") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", "workshop_lib.checks.rank", str(manifest)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT, cwd=lab_root(),
-                                          start_new_session=True))
-    return procs
-
-
-class _Forked:
-    """A rank forked from this process, which has torch imported already: 2-3 s less than a fresh Python each.
-
-    The child gets what the subprocess would: a session of its own, the log as stdout and stderr, the course
-    folder, the environment, one thread. Gloo on the loopback by name: a forked process must not resolve host
-    names (a lock another thread held at the fork stays locked in the child). Where fork is not safe
-    (macOS, Windows, ``WORKSHOP_START_METHOD=spawn``) the ranks are fresh Pythons.
-    """
-
-    def __init__(self, manifest: Path, rank: int, env: dict[str, str], log: Path):
-        import torch
-        import torch._dynamo  # DDP and the optimizers import it on first use: once here, for both ranks
-
-        from workshop_lib.checks.rank import run_rank
-
-        folder = lab_root()
-        self.returncode: int | None = None
-        self.pid = os.fork()
-        if self.pid:
-            return
-        try:  # the child: never returns
-            gc.freeze()  # the parent's objects stay unfreed here (their destructors need its threads): as forklaunch
-            os.setsid()
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as the rank)
-            os.chdir(folder)
-            os.environ.clear()
-            os.environ.update(env, GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"))
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            torch.set_num_threads(1)
-            run_rank(manifest, rank, WORLD)  # ends in os._exit
-        finally:
-            os._exit(1)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            with contextlib.suppress(ChildProcessError):
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> None:
-        with contextlib.suppress(ChildProcessError):
-            _, status = os.waitpid(self.pid, 0)
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-
 class _Progress:
-    """Which item the pair is in, when each of its ranks last wrote anything, and when the first one ended."""
+    """When each rank last wrote anything, and when the first one ended."""
 
-    def __init__(self, items: Sequence[Item]):
-        self.items, self.sizes, self.changed, self.first_end = items, {}, {}, {}
+    def __init__(self, item: Item):
+        self.item, self.sizes, self.changed, self.first_end = item, {}, {}, None
 
-    def update(self, i: int) -> None:
+    def update(self) -> None:
         now = time.monotonic()
         for rank in range(WORLD):
-            prefix = f"{self.items[i].prefix}.rank{rank}"
+            prefix = f"{self.item.prefix}.rank{rank}"
             size = sum(p.stat().st_size for p in (Path(f"{prefix}.jsonl"), Path(f"{prefix}.params")) if p.is_file())
-            if self.sizes.get((i, rank)) != size:
-                self.sizes[(i, rank)], self.changed[(i, rank)] = size, now
-            if i not in self.first_end and _ended(self.items[i], rank):
-                self.first_end[i] = now
+            if self.sizes.get(rank) != size:
+                self.sizes[rank], self.changed[rank] = size, now
+            if self.first_end is None and _ended(self.item, rank):
+                self.first_end = now
 
-    def quiet(self, i: int, rank: int) -> float:
+    def quiet(self, rank: int) -> float:
         """Seconds since ``rank`` last wrote (or since the first rank ended, if that is later)."""
         now = time.monotonic()
-        return now - max(self.changed.get((i, rank), now), self.first_end.get(i, 0.0))
+        return now - max(self.changed.get(rank, now), self.first_end or 0.0)
 
 
 def _ended(item: Item, rank: int) -> bool:
@@ -194,7 +116,7 @@ def _ended(item: Item, rank: int) -> bool:
     return path.is_file() and '"kind": "end"' in path.read_text()
 
 
-def _why_stop(item: Item, progress: _Progress, i: int, started: float) -> str | None:
+def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
     if hangreport.missing_rank(item.hang):
         return "hang"
     ended = [r for r in range(WORLD) if _ended(item, r)]
@@ -205,53 +127,68 @@ def _why_stop(item: Item, progress: _Progress, i: int, started: float) -> str | 
     given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
     if "none" not in given and given[0] is not None and len(set(given)) < len(given):
         return "joined as one rank"
-    if ended and any(r not in ended and progress.quiet(i, r) > LEFT_WAITING for r in range(WORLD)):
+    if ended and any(r not in ended and progress.quiet(r) > LEFT_WAITING for r in range(WORLD)):
         return "left waiting"
-    if all(progress.quiet(i, r) > STALL for r in range(WORLD)):
+    if all(progress.quiet(r) > STALL for r in range(WORLD)):
         return "stalled"
     if time.monotonic() - started > LIMIT:
         return "too long"
     return None
 
 
-def run(items: Sequence[Item], workdir: Path) -> list[Run]:
-    """Run every item on two ranks, in turn; what each did (see :class:`Run`)."""
-    runs: list[Run | None] = [None] * len(items)
-    first = 0
-    while first < len(items):
-        procs = _start(items[first:], workdir, first)
-        progress = _Progress(items)
-        current, started, stopped = first, time.monotonic(), None
-        try:
-            while any(p.poll() is None for p in procs):
-                time.sleep(0.1)
-                while current < len(items) - 1 and all(_ended(items[current], r) for r in range(WORLD)):
-                    runs[current] = load(items[current], seconds=time.monotonic() - started)
-                    current, started = current + 1, time.monotonic()
-                progress.update(current)
-                stopped = _why_stop(items[current], progress, current, started)
-                if stopped:
-                    break
-        finally:
-            for p in procs:
-                kill_tree(p.pid if isinstance(p, _Forked) else p, grace=0, first=signal.SIGKILL)
-                if isinstance(p, _Forked):
-                    p.wait()  # reaped here: kill_tree leaves this process's own children to it
-        output = "".join((workdir / f"rank{r}.log").read_text() for r in range(WORLD))
-        while current < len(items) and all(_ended(items[current], r) for r in range(WORLD)):
-            runs[current] = load(items[current], seconds=time.monotonic() - started)
-            current, started = current + 1, time.monotonic()
-            if stopped:  # it ended after all, while being stopped: the items after it need a fresh pair
+def _env(rank: int, port: int) -> dict[str, str]:
+    """What ``torchrun --nnodes=2 --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
+    return {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0", "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}  # Gloo on CPU, GPUs or not
+
+
+def run_one(item: Item) -> Run:
+    """Run ``item`` on two ranks (:class:`workshop_lib.lab.ranks.Ranks`), stopping it as the module says."""
+    import torch.distributed as dist
+
+    from workshop_lib.checks.rank import run_item
+
+    if item.copy:  # a run that continues another's --out gets a copy of it (the original stays)
+        shutil.copytree(*item.copy, dirs_exist_ok=True)
+    # The group's store, hosted here as torchrun's agent hosts it: both ranks find it listening.
+    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    logs = [Path(f"{item.prefix}.rank{r}.log") for r in range(WORLD)]
+    envs = {r: _env(r, store.port) for r in range(WORLD)}
+    unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
+    spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
+            "hang": str(item.hang), "unset": unset}
+    for r in range(WORLD):
+        envs[r][RECORD_VARIABLE] = str(item.hang)
+    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in range(WORLD)}, envs, start_method())
+    progress, started, stopped = _Progress(item), time.monotonic(), None
+    try:
+        ranks.start()
+        while ranks.poll() is None:
+            time.sleep(0.05)
+            progress.update()
+            stopped = _why_stop(item, progress, started)
+            if stopped:
                 break
+    finally:
+        ranks.stop()
+        del store
+    ended = all(_ended(item, r) for r in range(WORLD))
+    if stopped is None and not ended:  # a rank's process ended without the script's end: killed, or crashed in C
+        stopped = "died"
+    elif stopped is not None and ended:  # it ended after all, while being stopped
+        stopped = None
+    output = "".join(log.read_text(errors="replace") for log in logs if log.is_file())
+    return load(item, stopped, time.monotonic() - started, output)
+
+
+def run(items: Sequence[Item], workdir: Path) -> list[Run]:
+    """Run every item on two fresh ranks, in turn; what each did (see :class:`Run`)."""
+    runs: list[Run] = []
+    for item in items:
+        if item.needs is not None and runs[items.index(item.needs)].stopped:  # no run that would be moot
+            runs.append(Run({r: [] for r in range(WORLD)}, stopped="skipped"))
         else:
-            if current < len(items):  # stopped, or the pair died inside this item
-                runs[current] = load(items[current], stopped or "died", time.monotonic() - started)
-                current += 1
-        for i in range(first, current):
-            runs[i].output = output
-        first = current
-        while first < len(items) and items[first].needs is not None and \
-                runs[items.index(items[first].needs)].stopped:  # no fresh pair for a run that would be moot
-            runs[first] = Run({r: [] for r in range(WORLD)}, stopped="skipped")
-            first += 1
-    return runs  # type: ignore[return-value]
+            runs.append(run_one(item))
+    return runs

@@ -1,13 +1,10 @@
 """The checks of notebook 02 (DistributedSampler): the shards each rank's loader read; the spread predicted.
 
-:func:`shards` builds the learner's ``make_loader`` as 4 made-up ranks, 2 on
-each node (so local ranks repeat), over 11 items, with ``dist.get_rank`` and
-``dist.get_world_size`` answering for the made-up rank (nothing is joined),
-and reads 2 epochs from each loader (``loader.sampler.set_epoch`` before each,
-where the sampler has one). The verdict comes from the indices the loaders
-yielded, judged as the script checker judges a real run
-(:mod:`workshop_lib.checks.shards`), then explained from how the samplers
-were built.
+:func:`shards` builds the learner's ``make_loader`` as 4 made-up ranks, 2 on each node (so local ranks repeat), over
+11 items, with ``dist.get_rank`` and ``dist.get_world_size`` answering for the made-up rank (nothing is joined), and
+reads 2 epochs from each loader (``loader.sampler.set_epoch`` before each, where the sampler has one). The verdict
+comes from the indices the loaders yielded, judged as the script checker judges a real run
+(:mod:`workshop_lib.checks.shards`), then explained from how the samplers were built.
 """
 
 from __future__ import annotations

@@ -5,24 +5,20 @@
     python -m workshop_lib.check --all                         # a table: every step, done / wrong / not started
     python -m workshop_lib.check --all --dir solutions         # the same for the scripts of another folder
 
-Each script runs as ``__main__`` on two single-process "nodes" (Gloo, 200
-molecules, 2 epochs; :mod:`workshop_lib.checks.runner`), with the hang watch
-and the recorder attached from outside. The verdict rests on what the run did
-(:mod:`workshop_lib.checks.rules`, :mod:`workshop_lib.checks.step_rules`): how
-every rank ended; each rank's split and the indices its training loader read;
-the replicas' spread after every optimizer step; what rank 0 evaluated, logged
-and saved. Step 4 runs twice more: ``--epochs 3`` into a copy of the first
-run's ``--out`` must resume at epoch 3 and end with the figures of one
-uninterrupted 3-epoch run (:mod:`workshop_lib.checks.resume`). Then what the
-CPU run cannot show: ``setup`` as rank 3 of 4 on a node with 2 GPUs. The line
-starts with a tick when everything measured holds; exit code 0, else 1.
+Each script runs as ``__main__`` on two single-process "nodes" (Gloo, 200 molecules, 2 epochs;
+:mod:`workshop_lib.checks.runner`), with the hang watch and the recorder attached from outside. The verdict rests on
+what the run did (:mod:`workshop_lib.checks.rules`, :mod:`workshop_lib.checks.step_rules`): how every rank ended;
+each rank's split and the indices its training loader read; the replicas' spread after every optimizer step; what
+rank 0 evaluated, logged and saved. Step 4 runs twice more: ``--epochs 3`` into a copy of the first run's ``--out``
+must resume at epoch 3 and end with the figures of one uninterrupted 3-epoch run
+(:mod:`workshop_lib.checks.resume`). Then what the CPU run cannot show: ``setup`` as rank 3 of 4 on a node with 2
+GPUs. The line starts with a tick when everything measured holds; exit code 0, else 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import json
 import re
 import tempfile
 from collections.abc import Sequence
@@ -30,6 +26,7 @@ from pathlib import Path
 
 from workshop_lib.checks import resume, rules, runner, step_rules
 from workshop_lib.checks.common import CheckFailed, _passed
+from workshop_lib.checks.made_up_rank import on_a_gpu_node
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab import scripts
 from workshop_lib.paths import lab_root
@@ -82,45 +79,13 @@ def _items(path: Path, step: int, work: Path) -> list[runner.Item]:
     return items
 
 
-def _metrics(out: Path) -> dict | None:
-    try:
-        return json.loads((out / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def on_a_gpu_node(path: Path) -> str | None:
-    """What the CPU run cannot show: ``setup`` as rank 3 of 4, local rank 1, on a node with 2 GPUs (nothing joined)."""
-    import contextlib
-    import io
-
-    from workshop_lib.checks import group
-
-    # The script's imports and definitions only: whatever else it does at import time does not run here.
-    tree = ast.parse(path.read_text())
-    tree.body = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)]
-    names: dict = {"__name__": "learner_gpu_check", "__file__": str(path)}
-    try:
-        exec(compile(tree, str(path), "exec"), names)
-    except Exception:  # an import the run has already judged
-        return None
-    if not callable(names.get("setup")):
-        return None
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            group.process_group(names["setup"])
-    except CheckFailed as err:
-        return f"setup as a made-up rank 3 of 4 (nothing joined): {err}"
-    return None
-
-
 def judge(path: Path, step: int, runs: list[runner.Run], work: Path) -> tuple[str, str]:
     """('done' | 'wrong', one line) from the script's runs (see :func:`_items`)."""
     run = runs[0]
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
-    case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, _metrics(work / "out"), work / "out")
+    case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, rules.read_metrics(work / "out"), work / "out")
     message = rules.first_mistake(case, step_rules.RULES[step])
     if message is None and step == 4:
         message = resume.mistake(case, runs[1:], work)

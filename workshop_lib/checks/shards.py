@@ -1,11 +1,10 @@
 """Sharding judged by what each rank read, then explained by how its sampler was built.
 
-:func:`read_mistake` looks only at the indices each rank's training loader
-yielded in each epoch: as many epochs as asked, disjoint across the ranks (up
-to DistributedSampler's padding), together covering the split, in a new order
-each epoch. :func:`cause` then reads the records of the samplers and loader
-passes (:mod:`workshop_lib.checks.record`) for why. The script checker and the
-notebook's ``sampler.shards`` check use both, so a mistake reads the same.
+:func:`read_mistake` looks only at the indices each rank's training loader yielded in each epoch: as many epochs as
+asked, disjoint across the ranks (up to DistributedSampler's padding), together covering the split, in a new order
+each epoch. :func:`cause` then reads the records of the samplers and loader passes
+(:mod:`workshop_lib.checks.record`) for why. The script checker and the notebook's ``sampler.shards`` check use
+both, so a mistake reads the same.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from workshop_lib.checks.events import _and, _at, _of, pass_events, samplers
+from workshop_lib.checks.events import _and, _at, _of, samplers
 
 Reads = dict[int, list[list[int]]]  # rank -> the indices read in each epoch, in order
 
@@ -72,7 +71,7 @@ def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: 
                 "DataLoader sampler=DistributedSampler(dataset)")
     first = next(iter(built.values()))
     for r, ev in sorted(ranks.items()):
-        passes = pass_events(ev, split)
+        passes = _of(ev, "pass", split=split)
         if r in built and passes and passes[0]["sampler_id"] != built[r]["id"]:
             return (f"the DistributedSampler built at line {built[r]['line']} is not the one the DataLoader draws from "
                     f"(it draws from a {passes[0]['sampler']}): pass it as DataLoader(..., sampler=sampler), "
@@ -101,7 +100,7 @@ def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: 
     if not first["shuffle"]:
         return f"the DistributedSampler was built with shuffle=False{_at(first)}: pass shuffle=True"
     for _, ev in sorted(ranks.items()):
-        passes = pass_events(ev, split)
+        passes = _of(ev, "pass", split=split)
         late = next((p for e, p in enumerate(passes) if p.get("sampler_epoch") not in (None, e)), None)
         if late is None:
             continue

@@ -1,8 +1,7 @@
 """What a run that ended well did, judged step by step: each rank's split and shard, the replicas, rank 0's duties.
 
-Asked only once every rank has finished (:mod:`workshop_lib.checks.rules`
-judged the endings). Each rule measures an effect, then names a cause where the
-records show one; :func:`passed` builds the ✓ line from the same measurements,
+Asked only once every rank has finished (:mod:`workshop_lib.checks.rules` judged the endings). Each rule measures an
+effect, then names a cause where the records show one; :func:`passed` builds the ✓ line from the same measurements,
 so it states only what was measured.
 """
 

@@ -1,6 +1,6 @@
 """The collective a rank is in, as the hang watch records it: what it is, its tensors, and who called it.
 
-Split from :mod:`workshop_lib.debug.hangwatch`, which keeps the watch itself.
+Split from the watch itself (:mod:`workshop_lib.debug.rankwatch`, started by :mod:`workshop_lib.debug.hangwatch`).
 """
 
 from __future__ import annotations

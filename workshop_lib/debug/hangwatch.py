@@ -36,277 +36,40 @@ stack to the rank's stderr) for ``python -m workshop_lib.diagnose``. A job that
 does not hang pays one store round-trip per ``poll`` seconds on a side thread and
 about 15 µs per observed collective (``benchmarks/hangwatch_overhead.py``: no measurable change in a step).
 
-Private APIs it still uses, and why:
-
-* ``torch.distributed._broadcast_coalesced`` is observed (never changed): DDP's
-  constructor and, with buffers (BatchNorm), each forward broadcast through it,
-  and a rank that never joins such a broadcast is a classic hang;
-* the default group's timeout, for the default threshold (a quarter of it), is
-  read with ``ProcessGroup._get_backend(device).options._timeout``: torch has no
-  public getter (30 min is assumed if it cannot be read; ``--after`` avoids it);
-* ``sys._current_frames()`` (Python's) reads the main thread's stack from the watch's thread.
+The watch's per-rank side, its thread and the diagnosis, is :class:`~workshop_lib.debug.rankwatch.Watch`.
+Of torch's private names it reads one, behind :func:`workshop_lib.debug.private.group_timeout`:
+the default group's timeout, for the default threshold (a quarter of it; 30 min is
+assumed where it cannot be read, and ``--after`` avoids the read). It observes
+one, ``torch.distributed._broadcast_coalesced``, through the same call-through
+wrapper as the public collectives: DDP's constructor and, with buffers
+(BatchNorm), each forward broadcast through it, and a rank that never joins such
+a broadcast is a classic hang.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
-import contextlib
 import faulthandler
-import json
 import os
 import signal
 import sys
 import threading
-import time
-from dataclasses import asdict
-from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
-from workshop_lib.debug import collectives, hangreport
-from workshop_lib.debug.calls import Call, caller, describe, on_gpu, user_frames
-from workshop_lib.debug.hangreport import PREFIX, RECORD_VARIABLE, explain
+from workshop_lib.debug import collectives
+from workshop_lib.debug.calls import Call
+from workshop_lib.debug.hangreport import RECORD_VARIABLE
 from workshop_lib.debug.launchenv import read_launch_env
-from workshop_lib.errors import WorkshopError, first_line, first_sentence
+from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
+from workshop_lib.errors import WorkshopError, first_line
+
+__all__ = ["AFTER_VARIABLE", "WARNING", "Call", "Watch", "attach", "detach", "install", "uninstall", "warn"]
 
 AFTER_VARIABLE = "WORKSHOP_HANG_AFTER"  # seconds a collective may wait: the same as ``--after``
-WARNING = "hangwatch warning: "  # starts the one line the watch prints when it fails (not part of a block)
-HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
-LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
-CONNECT_TIMEOUT = timedelta(seconds=30)
-
-
-_warned = False
-
-
-def warn(text: str) -> None:
-    """The watch's one warning line on stderr (once per process): it failed, and the job runs on unwatched."""
-    global _warned
-    if not _warned:
-        _warned = True
-        print(f"{WARNING}{text}", file=sys.stderr, flush=True)
-
-
-def _store_gone(err: BaseException) -> bool:
-    """The expected failure: the rendezvous store's host (rank 0 or torchrun's agent) has ended."""
-    return isinstance(err, dist.DistNetworkError)
-
-
-class Watch:
-    """The per-rank state and its daemon thread; see :func:`attach` and :func:`install`."""
-
-    def __init__(self, threshold: float | None, poll: float, record: str | None, store: dist.Store | None = None,
-                 prefix: str = "hangwatch"):
-        self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
-        self.threshold, self.poll, self.record = threshold, poll, record
-        self.rank, self.world_size = -1, 0  # known once the group exists
-        self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
-        self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
-        self.hosts_store = False  # rank 0 hosts the rendezvous store (no agent store): it waits for the others
-        self.seq, self.current, self.last = 0, None, None
-        self.backwards = 0  # backward() calls entered: under DDP, one gradient all-reduce each
-        self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
-        self.queued: collections.deque = collections.deque(maxlen=HISTORY)  # (Call, CUDA event) not known finished
-        self.reported: set = set()  # (op, seq, since) of the waits already explained
-        self.main = threading.main_thread().ident
-        self.stop = threading.Event()
-        self.joined = threading.Event()  # the group exists and the stores are connected
-        self.lock, self.join_lock = threading.Lock(), threading.Lock()
-        self.answered, self.left, self.said_left = 0, False, False
-        self.thread = threading.Thread(target=self._run, name="hangwatch", daemon=True)
-
-    # --------------------------------------------------------------- the main thread's side (an observer of
-    # workshop_lib.debug.collectives: enter and leave run around every collective)
-    def enter(self, op: str, args: tuple, kwargs: dict) -> Call | None:
-        if threading.get_ident() != self.main:
-            return None
-        if self.world_size == 0 and dist.is_initialized():
-            self.join()  # the first collective of a new group: connect now, not up to a poll later
-        gpu = on_gpu(args, kwargs)
-        if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
-            self.backwards += 1
-            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
-        else:
-            self.seq += 1
-            self.current = Call(op, self.seq, describe(args, kwargs), time.time(), caller(), gpu, self.backwards)
-            self.history.append(self.current)
-        return self.current
-
-    def leave(self, call: Call | None, err: BaseException | None) -> None:
-        if call is None:
-            return
-        self.current = None
-        if call.gpu and err is None:
-            # NCCL returns as soon as the collective is queued; an event after it tells when the GPU got through.
-            event = torch.cuda.Event()
-            event.record()
-            self.queued.append((call, event))
-        if call.op != "backward":
-            self.last = call
-        if err is not None and not isinstance(err, KeyboardInterrupt) and self.joined.is_set():
-            self.explain(call, f"failed after {time.time() - call.since:.0f} s ({first_sentence(err)})")
-
-    def failed(self, err: BaseException) -> None:
-        """Called by :mod:`~workshop_lib.debug.collectives` when this observer raised: stop, in one line."""
-        self.stop.set()
-        warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); the job runs on unwatched")
-
-    def _who(self) -> str:
-        return f" rank {self.rank}" if self.rank >= 0 else ""
-
-    # --------------------------------------------------------------- the daemon thread
-    def _run(self) -> None:
-        try:
-            while not dist.is_initialized():  # attach: the script has not joined yet
-                if self.stop.wait(self.poll):
-                    return
-            self.join()
-            if self.world_size > 1:
-                self._serve()
-        except Exception as err:  # the watch must never stop the job: it says so, once
-            if not _store_gone(err):  # the store's host ended first (the job is ending): nothing to say
-                warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); "
-                     "the job runs on unwatched")
-
-    def join(self) -> None:
-        """The group exists: who we are, the threshold, and two connections to the rendezvous store (once)."""
-        with self.join_lock:
-            if self.world_size == 0:
-                self._join()
-
-    def _join(self) -> None:
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        if self.threshold is None:
-            self.threshold = max(5.0, _group_timeout() / 4)
-        if self.world_size < 2:
-            return
-        if self.given is not None:
-            base = dist.PrefixStore(self.prefix, self.given)
-            self.main_store, self.thread_store = base.clone(), base.clone()
-        else:
-            launch = read_launch_env()
-            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
-                raise RuntimeError("MASTER_ADDR and MASTER_PORT are not set: the watch talks through the rendezvous "
-                                   "store of env:// (torchrun's)")
-            # Without torchrun's agent store, env:// started the store's server in rank 0, as a multi-tenant
-            # TCPStore, and destroy_process_group would stop it: there the watch joins it as a tenant (the same
-            # server, kept up while the watch lives), so that the ranks still leaving can say so.
-            self.hosts_store = self.rank == 0 and not launch.agent_store
-            try:
-                self.main_store, self.thread_store = (
-                    dist.PrefixStore(self.prefix, dist.TCPStore(
-                        launch.master_addr, launch.master_port, is_master=self.hosts_store, timeout=CONNECT_TIMEOUT,
-                        wait_for_workers=False, multi_tenant=self.hosts_store))
-                    for _ in range(2))
-            except dist.DistNetworkError as err:
-                raise RuntimeError(f"cannot reach the rendezvous store at {launch.master_addr}:{launch.master_port}"
-                                   f" ({first_line(err)})") from None
-        self.joined.set()
-
-    def _serve(self) -> None:
-        store = self.thread_store
-        while not self.stop.wait(self.poll):
-            if not dist.is_initialized():  # the script called destroy_process_group
-                self.say_left(store)
-                return
-            asked = store.add("ask", 0)
-            if asked > self.answered:
-                self.answered = asked
-                store.set(f"where/{self.rank}", self.where(asked))
-            call = self.current or self.unfinished_on_gpu()
-            if call is not None and time.time() - call.since > self.threshold:
-                on_gpu = " for the GPU to finish it" if call is not self.current else ""
-                self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
-
-    def unfinished_on_gpu(self) -> Call | None:
-        """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
-        while self.queued and self.queued[0][1].query():
-            self.queued.popleft()
-        return self.queued[0][0] if self.queued else None
-
-    def where(self, asked: int) -> str:
-        """This rank's answer: its main thread's stack and collectives, as JSON."""
-        frame = sys._current_frames().get(self.main)
-        found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
-        call = self.current or self.unfinished_on_gpu()
-        return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
-                           "current": asdict(call) if call else None, "left": self.left,
-                           "last": asdict(self.last) if self.last else None, "backwards": self.backwards,
-                           "history": [asdict(c) for c in self.history]})
-
-    def say_left(self, store: dist.Store | None) -> None:
-        """This rank has left the job: its last answer says so, so a rank still waiting can name it."""
-        self.left = True
-        if store is not None and not self.said_left:
-            self.said_left = True
-            store.set(f"where/{self.rank}", self.where(LEFT))
-
-    def others_left(self, seconds: float) -> None:
-        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left.
-
-        Otherwise a rank still leaving would find the store gone, and torch would print its socket errors.
-        """
-        deadline, waiting = time.monotonic() + seconds, set(range(1, self.world_size))
-        while True:
-            for r in list(waiting):
-                if self.main_store.check([f"where/{r}"]) and \
-                        json.loads(self.main_store.get(f"where/{r}"))["asked"] == LEFT:
-                    waiting.discard(r)
-            if not waiting or time.monotonic() >= deadline:
-                return
-            time.sleep(0.02)
-
-    # --------------------------------------------------------------- the diagnosis
-    def explain(self, call: Call, how: str, store: dist.Store | None = None) -> None:
-        """Ask every rank where it is, and print the diagnosis of ``call`` once."""
-        key = (call.op, call.seq, call.since)
-        with self.lock:
-            if key in self.reported:
-                return
-            self.reported.add(key)
-        store = store or self.main_store
-        answers: dict[int, dict] = {}
-        try:
-            if store.add("reports", 1) > 1 and (not store.check(["reported_at"]) or
-                                                 time.time() - float(store.get("reported_at")) < 4 * self.threshold):
-                return  # another rank is explaining this hang, or just did: one block is enough
-            store.set("reported_at", str(time.time()))
-            asked = store.add("ask", 1)
-            store.set(f"where/{self.rank}", self.where(asked))
-            deadline = time.time() + 3 * self.poll + 1.0
-            while True:
-                for r in range(self.world_size):
-                    if r not in answers and store.check([f"where/{r}"]):
-                        answer = json.loads(store.get(f"where/{r}"))
-                        if answer["asked"] >= asked:
-                            answers[r] = answer
-                if len(answers) == self.world_size or time.time() >= deadline:
-                    break
-                time.sleep(0.05)
-        except dist.DistNetworkError:
-            pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer
-        lines = explain(self.rank, call, how, answers, self.world_size)
-        print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
-        if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
-            try:
-                hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
-                                answers=answers)
-            except OSError as err:
-                warn(f"could not save the hang record to {self.record} ({type(err).__name__}: {first_line(err)})")
-
 
 _watch: Watch | None = None
 _count = 0  # watches started in this process: each talks under its own prefix of the store
-
-
-def _group_timeout() -> float:
-    """The default process group's timeout in seconds (torch's default, 30 min, if it cannot be read)."""
-    for device in ("cpu", "cuda"):
-        with contextlib.suppress(Exception):  # private: see the module's docstring
-            return dist.group.WORLD._get_backend(torch.device(device)).options._timeout.total_seconds()
-    return 1800.0
 
 
 def _threshold(threshold: float | None) -> float | None:
@@ -401,7 +164,7 @@ def detach() -> None:
             if watch.hosts_store:
                 watch.others_left(2 * watch.poll + 2)
         except Exception as err:
-            if not _store_gone(err):
+            if not store_gone(err):
                 warn(f"rank {watch.rank} could not say that it left ({type(err).__name__}: {first_line(err)})")
 
 

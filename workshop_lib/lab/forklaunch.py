@@ -1,7 +1,8 @@
 """Running a function defined in the notebook on N ranks, each with a ready process group.
 
-:func:`notebook_launch` starts the ranks with torch's own elastic launcher (the
-engine inside torchrun), and returns what each rank returned.
+:func:`notebook_launch` starts the ranks with ``torch.multiprocessing.start_processes``
+(through :class:`workshop_lib.lab.ranks.Ranks`, the lab's one way to start ranks), and
+returns what each rank returned.
 
 How the ranks start (:func:`start_method`): forked from the kernel on Linux (the
 fastest: a rank inherits everything the kernel has imported and defined), spawned
@@ -14,12 +15,9 @@ Linux: CI runs the notebooks so, the code path of macOS and Windows.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -27,17 +25,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.debug.patching import patched
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import rank_logs, spawning, stopping
+from workshop_lib.lab import rank_logs, spawning
 from workshop_lib.lab.launch import LaunchError
-from workshop_lib.lab.processes import kill_tree
+from workshop_lib.lab.ranks import Ranks, lab_env
 from workshop_lib.lab.spawning import start_method
-
-# torch's launcher logs a failed rank's whole traceback to stderr ("E1202 ... api.py:836] ...");
-# during a launch these loggers write to the launch's log file instead, which the error names.
-_LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
-_KILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL: psutil's SIGTERM terminates there
 
 
 class LaunchTimeout(LaunchError):
@@ -74,7 +66,6 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
     # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
     # characters interleaved into the cell: each rank writes to its own file instead.
     launch = read_launch_env()
-    (Path(log_dir) / f"rank{launch.rank}.pid").write_text(str(os.getpid()))  # for _stop_ranks
     log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
     os.dup2(log.fileno(), 2)
@@ -83,9 +74,8 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
     if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
         fn, args = spawning.unpack(fn)
     # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
-    # at the fork (the launcher's TCP store serving the rank forked before), the child inherits it locked,
-    # and its first getaddrinfo waits forever. So: a file store instead of TCP, and gloo on the loopback
-    # interface by name (getifaddrs) instead of by this host's name (getaddrinfo).
+    # at the fork, the child inherits it locked, and its first getaddrinfo waits forever. So: a file store
+    # instead of TCP, and gloo on the loopback interface by name (getifaddrs), not by this host's name.
     # (All ranks are on this machine, so a file store and the loopback serve a spawned rank as well.)
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
     if loopback:
@@ -97,33 +87,14 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
     try:
         result = fn(env, *args)
         return spawning.pack_result(result) if shipped else result
-    except BaseException:
+    except BaseException as err:
         traceback.print_exc()  # into this rank's log: the error names the file
+        rank_logs.record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
         raise
     finally:
         hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
         joining.leave()
         log.flush()
-
-
-@contextlib.contextmanager
-def _launcher_logs_to(path: Path):
-    """Send torch's launcher loggers to ``path`` instead of the cell's stderr, for the duration of the block."""
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(name) for name in _LAUNCHER_LOGGERS]
-    saved = [(lg.propagate, lg.level) for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        lg.propagate = False
-        lg.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        for lg, (propagate, level) in zip(loggers, saved, strict=True):
-            lg.removeHandler(handler)
-            lg.propagate, lg.level = propagate, level
-        handler.close()
 
 
 def _hang_in_logs(log_dir: str) -> str | None:
@@ -137,22 +108,18 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
                     hang_after: float | None = None) -> list:
     """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order.
 
-    torch's elastic launcher (the engine inside torchrun) starts the ranks (forked
-    on Linux, else spawned with ``fn`` and ``args`` sent by value: :func:`start_method`) and
-    hosts the rendezvous on a free local port; each rank then joins a process
-    group (:func:`workshop_lib.lab.joining.join`) and gets its DistEnv. What the ranks print
-    goes to per-rank log files; rank 0's output is shown after the run. A
-    failure raises a LaunchError with one line per failed rank and the name of
-    the file that holds every rank's output and the launcher's log.
+    ``torch.multiprocessing.start_processes`` (:class:`workshop_lib.lab.ranks.Ranks`) starts the ranks, forked on
+    Linux, else spawned with ``fn`` and ``args`` sent by value (:func:`start_method`), with the variables torchrun
+    would set; each rank then joins a process group (:func:`workshop_lib.lab.joining.join`) and gets its DistEnv.
+    What the ranks print goes to per-rank log files; rank 0's output is shown after the run. A failure raises a
+    LaunchError with one line per failed rank and the name of the file that holds every rank's output. The stop
+    button stops every rank at once.
 
     ``hang_after``: seconds a collective may wait before the ranks count as hung
     (:mod:`workshop_lib.debug.hangwatch` then names the rank that never arrived, and a
     HangError stops the launch early); None waits out ``timeout``.
     """
     import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     method = start_method()  # fork on Linux (WSL included); spawn on macOS and Windows, or where forced
     if method == "fork" and torch.cuda.is_initialized():
@@ -161,98 +128,42 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     name = getattr(fn, "__name__", repr(fn))
     if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
         fn, args = spawning.pack(fn, args, name), ()
-        if os.name == "posix":  # spawn's helper process, started now: not one of this launch's, which a stop kills
-            from multiprocessing import resource_tracker
-
-            resource_tracker.ensure_running()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
-    # Port 0: the rendezvous store binds a free port itself (as torchrun --standalone does).
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"nb{os.getpid()}-{time.time_ns()}",
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          monitor_interval=0.02, start_method=method)
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS",)}
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the ranks inherit it
-    before = _descendants()
+    ranks = Ranks(_rank_main, {r: (fn, backend, timeout, hang_after, log_dir, *args)
+                                                  for r in range(nprocs)},
+                  {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
-        with _launcher_logs_to(Path(log_dir) / "launcher.log"), \
-                stopping.watchdog(timeout, f"notebook_launch of {name}", lambda timed_out: _stop_ranks(log_dir, timed_out),
-                                  None if hang_after is None else lambda: _hang_in_logs(log_dir)), \
-                stopping.own_signal_handlers(), stopping.short_grace(), _lean_rendezvous():
-            results = elastic_launch(config, _rank_main)(fn, backend, timeout, hang_after, log_dir, *args)
-    except ChildFailedError as err:
-        raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(err), log_dir)) from None
-    except TimeoutError as err:
-        raise LaunchTimeout(rank_logs.failure_report(name, [str(err)], log_dir)) from None
-    except stopping.HangSeen as hang:
-        raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), str(hang),
-                        Path(log_dir) / "hang.json") from None
-    except SignalException:  # the stop button (SIGINT): the launcher stops the ranks it has registered
-        _stop_new_descendants(before)  # and a press during start-up may leave one it had not registered yet
+        ranks.start()
+        done = _wait(ranks, name, timeout, log_dir, hang_after)
+    except KeyboardInterrupt:  # the stop button
+        ranks.stop()
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
+        ranks.stop()
         gc.unfreeze()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+    if done.is_failed():
+        raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(log_dir, done), log_dir))
     rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
-    return [spawning.unpack_result(results[r]) if method == "spawn" else results[r] for r in sorted(results)]
+    return [spawning.unpack_result(done.values[r]) if method == "spawn" else done.values[r] for r in sorted(done.values)]
 
 
-@contextlib.contextmanager
-def _lean_rendezvous():
-    """torch's rendezvous for one agent, without two costs that only matter to several nodes or to nobody.
-
-    - The random 0-0.3 s it sleeps before its first round skews the agents of several nodes so that they do not
-      reach the store at once; a notebook launch has one agent. The sleep was about 40% of a launch of 2 ranks
-      here (0.4 s, 0.24 s without it). The fixed delays (1 s between polls of a rendezvous still forming) stay.
-    - Each of its log records names the calling method through ``inspect.stack()``, which reads the source of
-      every frame on the stack and searches ``sys.modules`` for each: about 9 records a launch, 14 ms each in a
-      small process and more in a kernel or a test run, whose stacks are deep and whose modules are many. The
-      same name comes from the frame itself.
-    """
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    def no_skew(original):
-        return lambda seconds: None if isinstance(seconds, tuple) else original(seconds)
-
-    def method_name(original):
-        def get_method_name(depth: int = 2) -> str:  # torch's: inspect.stack()[depth].function
-            try:
-                return sys._getframe(depth).f_code.co_name
-            except ValueError:  # a stack shallower than depth
-                return "no_method_name"
-        return get_method_name
-
-    with patched(dynamic_rendezvous, "_delay", no_skew), patched(dynamic_rendezvous, "get_method_name", method_name):
-        yield
+def _wait(ranks: Ranks, name: str, timeout: float, log_dir: str, hang_after: float | None):
+    """Poll the ranks until they are done, the time is up, or the watch has named a hang (then stop them)."""
+    deadline = time.monotonic() + timeout
+    while (done := ranks.poll()) is None:
+        if time.monotonic() > deadline:
+            rank_logs.dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
+            ranks.stop()
+            raise LaunchTimeout(rank_logs.failure_report(name, [f"notebook_launch of {name} did not finish within "
+                                                                f"{timeout:g}s"], log_dir))
+        hang = _hang_in_logs(log_dir) if hang_after is not None else None
+        if hang:  # the watch saves its block whole, after printing it
+            ranks.stop()
+            raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), hang,
+                            Path(log_dir) / "hang.json")
+        time.sleep(0.02)
+    return done
 
 
-def _descendants() -> set[int]:
-    import psutil
-
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def _stop_new_descendants(before: set[int]) -> None:
-    """Kill every process this kernel started since ``before`` (and what they started): none outlives a stop."""
-    for pid in sorted(_descendants() - before):
-        kill_tree(pid, grace=0, first=_KILL)
-
-
-def _stop_ranks(log_dir: str, stacks: bool) -> None:
-    """Before the launch is abandoned: record where each rank is stuck (on a timeout), then kill the ranks.
-
-    The launcher would send SIGTERM and wait 30 s: a rank blocked inside a collective
-    runs no Python signal handler, so it would sit out the whole grace period.
-    """
-    import psutil
-
-    if stacks:
-        rank_logs.dump_stacks(Path(log_dir) / "stacks.log")
-    for pid_file in Path(log_dir).glob("rank*.pid"):
-        with contextlib.suppress(ValueError, psutil.Error):
-            pid = int(pid_file.read_text())
-            if psutil.Process(pid).ppid() == os.getpid():  # still our child, not a recycled pid
-                kill_tree(pid, grace=0, first=_KILL)

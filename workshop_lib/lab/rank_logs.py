@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import traceback
 from pathlib import Path
 
 from workshop_lib.errors import first_line
@@ -24,18 +25,19 @@ def dump_stacks(path: Path) -> None:
     path.write_text("\n".join(parts) or "no child processes left")
 
 
-def failures(err) -> list[str]:
-    """One line per failed rank: 'rank R raised X: message (File ..., line N, in f)', or its exit code."""
-    lines = []
-    for rank, failure in sorted(err.failures.items()):
-        msg = failure.message
-        if isinstance(msg, dict):
-            stack = msg.get("extraInfo", {}).get("py_callstack", "").strip().splitlines()
-            where = next((s.strip() for s in reversed(stack) if s.strip().startswith("File ")), "")
-            first = first_line(str(msg.get("message", "?")), 10_000) or "?"
-            lines.append(f"rank {rank} raised {first}" + (f" ({where})" if where else ""))
-        else:
-            lines.append(f"rank {rank} failed with exit code {failure.exitcode}")
+def record_failure(log_dir: str, rank: int, err: BaseException) -> None:
+    """In a failing rank: its one line, 'rank R raised X: message (File ..., line N, in f)', for :func:`failures`."""
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f' (File "{frames[-1].filename}", line {frames[-1].lineno}, in {frames[-1].name})' if frames else ""
+    line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
+    (Path(log_dir) / f"rank{rank}.error").write_text(line)
+
+
+def failures(log_dir: str, result) -> list[str]:
+    """One line per failed rank: what it raised (:func:`record_failure`), else how torch saw its process end."""
+    lines = [p.read_text() for p in sorted(Path(log_dir).glob("rank*.error"))]
+    if not lines:  # killed, or ended without raising (os._exit, a crash in C)
+        lines = [f"rank {rank} failed with exit code {code}" for rank, code in sorted(result.failed.items())]
     return lines or ["a rank failed"]
 
 
@@ -54,9 +56,6 @@ def failure_report(name: str, failures: list[str], log_dir: str) -> str:
     """The failed ranks, one line each, and the file with every rank's output (kept for reading)."""
     path = Path(log_dir) / "all.log"
     parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(rank_logs(log_dir).items())]
-    launcher = Path(log_dir) / "launcher.log"
-    if launcher.is_file():
-        parts.append(f"===== torch's launcher\n{launcher.read_text(errors='replace')}")
     stacks = Path(log_dir) / "stacks.log"
     if stacks.is_file():  # after a timeout: where every process was
         parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")

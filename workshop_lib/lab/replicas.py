@@ -136,8 +136,6 @@ def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), l
     serves steps 2 and 3 (step 3 wraps the model in ``DDP``). Step 1 is drawn with step
     1's loader: all the data on every rank, shuffled the same way.
     """
-    import torch._dynamo  # noqa: F401 (DDP and the optimizer import it on first use: once here, not in each rank)
-
     from workshop_lib.lab.forklaunch import notebook_launch
 
     if any(k not in TITLES for k in kinds):

@@ -1,23 +1,20 @@
 """A DDP step on a timeline: torch.profiler's records of several steps, per rank, drawn as the median step.
 
-Notebook 04b profiles the steps itself, on 2 forked ranks, so that the learner reads
-the profiler's lines (:func:`quiet` keeps the profiler's own C++ log lines out of the
-cell): the bucket sizes take turns, a step each, inside one profile, each step in a span
-named ``bucket_cap_mb=...`` (``torch.profiler.record_function``). Each rank returns
-:func:`records` of its profile and :func:`buckets` of its DDP models, and times the same
-steps again without the profiler (:func:`ms_per_step`). :func:`median_step` cuts each
-rank's records into the steps of one bucket size and takes the median of every part
-over the steps; :func:`facts` says in
-words what does not change from run to run (the buckets, how many all-reduces were
-launched before backward ended), :func:`timings` what does (the medians, in ms), and
-:func:`draw` shows the median step of each rank.
+Notebook 04b profiles the steps itself, on 2 forked ranks, so that the learner reads the profiler's lines (:func:`quiet`
+keeps the profiler's own C++ log lines out of the cell): the bucket sizes take turns, a step each, inside one profile,
+each step in a span named ``bucket_cap_mb=...`` (``torch.profiler.record_function``). Each rank returns :func:`records`
+of its profile and :func:`buckets` of its DDP models, and times the same steps again without the profiler
+(:func:`ms_per_step`). :func:`median_step` cuts each rank's records into the steps of one bucket size and takes the
+median of every part over the steps; :func:`facts` says in words what does not change from run to run (the buckets, how
+many all-reduces were launched before backward ended), :func:`timings` what does (the medians, in ms), and :func:`draw`
+shows the median step of each rank.
 
 The records used (torch 2.13, gloo on CPU), all on the rank's main thread but the last:
-``DistributedDataParallel.forward`` (DDP's forward); ``autograd::engine::evaluate_function: XBackward0``
-(one backward op each); ``c10d::allreduce_`` (DDP hands a full bucket to the process group);
-``torch.distributed.ddp.reducer::copy_bucket_to_grad`` (the averaged bucket copied into ``.grad``, at
-the end of ``backward()``); ``Optimizer.step#AdamW.step``; and ``gloo:all_reduce`` on gloo's worker
-threads, from the start of the all-reduce to its end, waiting for the other rank included.
+``DistributedDataParallel.forward`` (DDP's forward); ``autograd::engine::evaluate_function: XBackward0`` (one backward
+op each); ``c10d::allreduce_`` (DDP hands a full bucket to the process group);
+``torch.distributed.ddp.reducer::copy_bucket_to_grad`` (the averaged bucket copied into ``.grad``, at the end of
+``backward()``); ``Optimizer.step#AdamW.step``; and ``gloo:all_reduce`` on gloo's worker threads, from the start of the
+all-reduce to its end, waiting for the other rank included.
 """
 
 from __future__ import annotations
@@ -28,6 +25,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from workshop_lib.debug import private
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
 PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
@@ -82,14 +81,10 @@ def quiet():
 
 
 def ms_per_step(runs: dict, step: Callable, batch, steps: int) -> dict:
-    """Median ms of ``step(model, optimizer, batch)`` for each ``runs[key] = (model, optimizer)``, without a profiler.
-
-    The runs take turns, one step each, so that a change in the machine's load falls on all of them alike.
-    Every rank must call it with the same runs in the same order: each step all-reduces.
-    """
+    """Median ms of ``step(model, optimizer, batch)`` per ``runs[key] = (model, optimizer)``, without a profiler."""
     times: dict = {key: [] for key in runs}
     for _ in range(steps):
-        for key, (model, optimizer) in runs.items():
+        for key, (model, optimizer) in runs.items():  # in turns: a change in load falls on all (every rank: one order)
             start = time.perf_counter()
             step(model, optimizer, batch)
             times[key].append(1000 * (time.perf_counter() - start))
@@ -109,16 +104,13 @@ class Bucket:
 
 
 def buckets(ddp_model) -> list[Bucket]:
-    """The buckets DDP rebuilt after the first step (call it after the second), from DDP's own logging data."""
-    data = ddp_model._get_ddp_logging_data()
-    assert data.get("has_rebuilt_buckets"), "DDP rebuilds its buckets in the second step's forward: run two first"
-    params = list(ddp_model.module.named_parameters())
-    found = []
-    for group in str(data["rebuilt_per_bucket_param_indices"]).split(","):
-        members = [params[int(i)] for i in group.split()]
-        found.append(Bucket(tuple(n for n, _ in members), tuple(p.numel() * p.element_size() for _, p in members)))
-    sizes = [int(s) for s in str(data["rebuilt_bucket_sizes"]).split(",")]
-    assert [b.nbytes for b in found] == sizes, f"DDP's bucket sizes {sizes} are not its parameters' {found}"
+    """The buckets DDP rebuilt after the first step (call it after the third forward), from DDP's own logging data."""
+    rebuilt = private.ddp_buckets(ddp_model, instead="the timeline cannot name DDP's buckets")
+    if rebuilt is None:
+        raise RuntimeError("this torch's DDP does not say how it bucketed the gradients: the timeline needs torch 2.13")
+    params = [(name, p.numel() * p.element_size()) for name, p in ddp_model.module.named_parameters()]
+    found = [Bucket(*zip(*(params[i] for i in indices), strict=True)) for indices, _ in rebuilt]
+    assert [b.nbytes for b in found] == [n for _, n in rebuilt], f"DDP's sizes {rebuilt} are not its parameters' {found}"
     return found
 
 
@@ -217,9 +209,9 @@ class Timeline:
 def median_step(bucket_cap_mb: float | None, per_rank: Sequence[tuple[Sequence[Event], Sequence[Bucket]]]) -> Timeline:
     """Each rank's (records of several steps, DDP's buckets) as steps on one clock, and their median.
 
-    A rank's steps of this bucket size are the spans named ``f"bucket_cap_mb={bucket_cap_mb}"`` when the
-    records hold any (steps of several bucket sizes profiled in turns), else the time from one forward to
-    the next. Step k of every rank is measured from the same origin: the earliest start of its forward on any rank.
+    A rank's steps of this bucket size are the spans named ``f"bucket_cap_mb={bucket_cap_mb}"`` when the records hold
+    any (steps of several bucket sizes profiled in turns), else the time from one forward to the next. Step k of
+    every rank is measured from the same origin: the earliest start of its forward on any rank.
     """
     events = [list(records) for records, _ in per_rank]
     kept = [list(b) for _, b in per_rank]
@@ -246,8 +238,7 @@ def facts(timelines: Sequence[Timeline]) -> list[str]:
             lines.append(f"  bucket {i}: {names}: {b.nbytes:,} bytes")
         for rank, steps in enumerate(t.steps):
             early = sorted({s.launched_early for s in steps})
-            n = len(t.buckets)
-            said = f"{early[0]}" if len(early) == 1 else f"{early[0]} to {early[-1]}"
+            n, said = len(t.buckets), f"{early[0]}" if len(early) == 1 else f"{early[0]} to {early[-1]}"
             lines.append(f"  rank {rank}: {n} all-reduce{'s' if n != 1 else ''} a step, {said} launched before "
                          f"backward's last op ended, in each of {len(steps)} steps")
     return lines
@@ -267,8 +258,7 @@ def timings(timelines: Sequence[Timeline], unprofiled: dict | None = None) -> li
              row(f"the whole step, median of the {steps} profiled steps",
                  {t.bucket_cap_mb: max(m.end for m in t.median) for t in timelines})]
     if unprofiled:
-        lines.append(row("the whole step without the profiler, in turns",
-                         {k: max(v) for k, v in unprofiled.items()}))
+        lines.append(row("the whole step without the profiler, in turns", {k: max(v) for k, v in unprofiled.items()}))
     return lines
 
 
@@ -293,18 +283,17 @@ def draw(timelines: Sequence[Timeline]):
                 ax.broken_barh([(a, b - a)], (gloo_y - 0.4 + height * i, height * 0.9), color=_COLORS[ALL_REDUCE],
                                edgecolor="k", linewidth=0.5)
             ax.plot([m.end, m.end], [main_y - 0.5, gloo_y + 0.5], color="k", linewidth=1)
-            ticks += [main_y, gloo_y]
-            names += [f"rank {rank}", f"rank {rank}: gloo"]
+            ticks, names = [*ticks, main_y, gloo_y], [*names, f"rank {rank}", f"rank {rank}: gloo"]
         ax.set_yticks(ticks, names)
         ax.set_ylim(3 * len(t.median) - 0.4, -0.4)
         slower = max(t.median, key=lambda m: m.end)
         ax.set_title(f"{t.label}; median step {slower.end:.1f} ms (slower rank)", fontsize=10, loc="left")
     steps = len(timelines[0].steps[0])
     axes[-1, 0].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
-    handles = [Patch(color=_COLORS[k], label=k) for k in (FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER)]
-    handles.append(Patch(facecolor="none", edgecolor="gray", hatch="///", label="backward() waits for gloo"))
-    handles.append(plt.Line2D([], [], color="k", marker="v", linestyle="none", label="DDP launches a bucket"))
-    handles.append(plt.Line2D([], [], color="k", linewidth=1, label="step ends"))
+    handles = [*(Patch(color=_COLORS[k], label=k) for k in (FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER)),
+               Patch(facecolor="none", edgecolor="gray", hatch="///", label="backward() waits for gloo"),
+               plt.Line2D([], [], color="k", marker="v", linestyle="none", label="DDP launches a bucket"),
+               plt.Line2D([], [], color="k", linewidth=1, label="step ends")]
     fig.legend(handles=handles, loc="upper center", ncol=7, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig

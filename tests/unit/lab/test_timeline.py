@@ -9,6 +9,7 @@ import matplotlib
 import pytest
 import torch
 
+from workshop_lib.debug import private
 from workshop_lib.lab import timeline
 from workshop_lib.lab.timeline import ALL_REDUCE, BACKWARD, COPY, FORWARD, LAUNCH, OPTIMIZER, Bucket, Event
 
@@ -90,8 +91,17 @@ def test_buckets_reads_ddps_rebuilt_buckets_with_the_parameters_names_and_sizes(
             "rebuilt_per_bucket_param_indices": "2 1, 0"}
     ddp = SimpleNamespace(module=module, _get_ddp_logging_data=lambda: data)
     assert timeline.buckets(ddp) == [Bucket(("1.bias", "1.weight"), (4, 16)), Bucket(("0.weight",), (160,))]
-    with pytest.raises(AssertionError, match="run two first"):
+    with pytest.raises(AssertionError, match="run three first"):
         timeline.buckets(SimpleNamespace(module=module, _get_ddp_logging_data=lambda: {"has_rebuilt_buckets": 0}))
+
+
+def test_buckets_of_a_torch_whose_ddp_does_not_say_is_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setattr(private, "_said", set())
+    with pytest.raises(RuntimeError, match=r"^this torch's DDP does not say how it bucketed the gradients: "):
+        timeline.buckets(SimpleNamespace(module=torch.nn.Linear(2, 1)))
+    assert capsys.readouterr().err.splitlines() == [
+        f"{private.WARNING}torch {torch.__version__} has no DistributedDataParallel._get_ddp_logging_data; "
+        "the timeline cannot name DDP's buckets"]
 
 
 def test_median_step_cuts_the_records_into_steps_on_one_clock():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from workshop_lib.checks import torch_errors
 from workshop_lib.errors import WorkshopError, first_line
 
 
@@ -76,6 +77,8 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
         if "NotImplementedError" in str(err):
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
-        raise CheckFailed(f"a rank failed: {first_line(err, 10_000)}") from None
+        failures, details = getattr(err, "failures", [first_line(err, 10_000)]), getattr(err, "details", [])
+        why = next(filter(None, map(torch_errors.explain, details)), None)
+        raise CheckFailed(f"a rank failed: {failures[0]}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

@@ -43,7 +43,8 @@ def _ending(err: BaseException | None, script: str) -> dict:
         message = getattr(err, "message", None) or str(err.code)
         return {"how": "exit", "code": err.code if isinstance(err.code, int) else 1, "message": message[:300],
                 "at": _where(err, script)}
-    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": _where(err, script)}
+    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": _where(err, script),
+            "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
 
 
 def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:

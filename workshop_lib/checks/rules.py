@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.checks import source
+from workshop_lib.checks import source, torch_errors
 from workshop_lib.checks.events import _and, _at, _of, call_name, end, how, steps, waiting_in
 from workshop_lib.checks.runner import Run
 
@@ -135,7 +135,8 @@ def crashed(case: Case) -> str | None:
                     f"the CPU; device_ids names a GPU: give none on CPU, [device.index] on a GPU")
         if "set_epoch" in e["message"]:
             return line + "; the loader's sampler must be the DistributedSampler: DataLoader(..., sampler=sampler)"
-        return line
+        why = torch_errors.explain(e.get("detail") or e["message"])
+        return f"{line.rstrip(':')}; {why}" if why else line
     return None
 
 

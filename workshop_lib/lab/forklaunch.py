@@ -36,6 +36,14 @@ class LaunchTimeout(LaunchError):
     """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
 
 
+class RanksFailed(LaunchError):
+    """A rank raised or died: ``failures``, a line per failed rank; ``details``, torch's whole message of each raise."""
+
+    def __init__(self, message: str, failures: list[str], details: list[str]):
+        super().__init__(message)
+        self.failures, self.details = failures, details
+
+
 class HangError(LaunchError):
     """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line.
 
@@ -143,7 +151,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         ranks.stop()
         gc.unfreeze()
     if done.is_failed():
-        raise LaunchError(rank_logs.failure_report(name, rank_logs.failures(log_dir, done), log_dir))
+        lines = rank_logs.failures(log_dir, done)
+        raise RanksFailed(rank_logs.failure_report(name, lines, log_dir), lines, rank_logs.details(log_dir))
     rank_logs.show_rank0(log_dir)
     shutil.rmtree(log_dir, ignore_errors=True)
     return [spawning.unpack_result(done.values[r]) if method == "spawn" else done.values[r] for r in sorted(done.values)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import traceback
 from pathlib import Path
@@ -26,19 +27,32 @@ def dump_stacks(path: Path) -> None:
 
 
 def record_failure(log_dir: str, rank: int, err: BaseException) -> None:
-    """In a failing rank: its one line, 'rank R raised X: message (File ..., line N, in f)', for :func:`failures`."""
-    frames = traceback.extract_tb(err.__traceback__)
-    where = f' (File "{frames[-1].filename}", line {frames[-1].lineno}, in {frames[-1].name})' if frames else ""
+    """In a failing rank: its one line, 'rank R raised X: message (File ..., line N, in f)' naming the innermost line
+    of the learner's code, and torch's whole message."""
+    from workshop_lib.debug import frames
+
+    stack = traceback.extract_tb(err.__traceback__)
+    last = (frames.users(stack, core_is_library=True) or stack or [None])[-1]  # the learner's line, not torch's inside it
+    where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
     line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
-    (Path(log_dir) / f"rank{rank}.error").write_text(line)
+    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000]}))
+
+
+def _recorded(log_dir: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.error"))]
 
 
 def failures(log_dir: str, result) -> list[str]:
-    """One line per failed rank: what it raised (:func:`record_failure`), else how torch saw its process end."""
-    lines = [p.read_text() for p in sorted(Path(log_dir).glob("rank*.error"))]
+    """One line per failed rank: what it raised (:func:`record_failure`), else how its process ended."""
+    lines = [r["line"] for r in _recorded(log_dir)]
     if not lines:  # killed, or ended without raising (os._exit, a crash in C)
         lines = [f"rank {rank} failed with exit code {code}" for rank, code in sorted(result.failed.items())]
     return lines or ["a rank failed"]
+
+
+def details(log_dir: str) -> list[str]:
+    """torch's whole message, for each rank that raised."""
+    return [r["detail"] for r in _recorded(log_dir)]
 
 
 def rank_logs(log_dir: str) -> dict[int, str]:

@@ -150,6 +150,13 @@ MISTAKES = [
                                                                  'world_size=2, timeout='))],
      "ranks 0 and 1 all joined as rank 0 (init_process_group (line <<dist.init_process_group(\"gloo\">>) got rank=0, the "
      "local rank)"),
+    # Torch raises: its first line, then the cause and the fix (workshop_lib/checks/torch_errors.py).
+    ("module_of_an_unwrapped_model", STEP3, [(WRAP, "")],
+     "raised AttributeError (line <<splits, model.module, world_size>>): 'SmilesLSTM' object has no "
+     "attribute 'module'; `.module` is the model inside DDP's wrapper, and this model was never wrapped"),
+    ("shuffle_beside_the_sampler", STEP2, [("sampler=sampler, collate_fn", "sampler=sampler, shuffle=True, collate_fn")],
+     "raised ValueError (line <<sampler=sampler, shuffle=True>>): sampler option is mutually exclusive with shuffle; "
+     "a DataLoader given a sampler takes no shuffle="),
 ]
 EARLY_CAUSE = ("the break at line <<                    break>> runs under `if rank == 0:` (line "
                "<<if rank == 0:  # rank 0 alone evaluates>>), on rank 0 alone")

@@ -1,0 +1,41 @@
+"""What torch's own error means when a learner's DDP line causes it: one table, torch's words to the cause and the fix.
+
+A check that sees a rank raise (the script checker's :func:`workshop_lib.checks.rules.crashed`, a check cell's
+:func:`workshop_lib.checks.common.run_forked`) shows torch's first line, then the cause and the fix from
+:data:`KNOWN`. Each pattern is matched against torch's whole message (a ``load_state_dict`` error names its keys on
+the lines after the first); the tests raise each error from torch itself, so a release that rewords one shows.
+"""
+
+from __future__ import annotations
+
+import re
+
+KNOWN: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"object has no attribute 'module'"),
+     "`.module` is the model inside DDP's wrapper, and this model was never wrapped: wrap it with DDP(model) first, "
+     "or use the model itself where there is no wrapper"),
+    (re.compile(r"Expected timeout argument to be of type datetime\.timedelta"),
+     "init_process_group's timeout is a datetime.timedelta, not a number: timeout=timedelta(seconds=...)"),
+    (re.compile(r"sampler option is mutually exclusive with shuffle"),
+     "a DataLoader given a sampler takes no shuffle=: the DistributedSampler shuffles (its own shuffle=True, the "
+     "default); leave shuffle out of the DataLoader"),
+    (re.compile(r'Unexpected key\(s\) in state_dict: "module\.'),
+     "these weights were saved from DDP's wrapper (every key starts with module.): save model.module.state_dict(), "
+     "the plain model's, so that any script can load it"),
+    (re.compile(r'Missing key\(s\) in state_dict: "module\.'),
+     "a plain model's weights loaded into DDP's wrapper, whose keys start with module.: load into model.module"),
+    (re.compile(r"Expected to have finished reduction in the prior iteration"),
+     "a parameter took no part in the last step's loss, so DDP still waits for its gradient: use every parameter "
+     "in the forward, or pass find_unused_parameters=True to DDP"),
+    (re.compile(r"device_ids and output_device arguments only work with"),
+     "device_ids names a GPU, and this model is on the CPU: give DDP no device_ids on CPU, [local_rank] on a GPU"),
+    (re.compile(r"Default process group has not been initialized"),
+     "a dist call came before the process group existed: call dist.init_process_group(backend) first, in setup"),
+    (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs"),
+     "nccl needs GPUs: use gloo on CPU (dist.get_default_backend_for_device picks it)"),
+)
+
+
+def explain(message: str) -> str | None:
+    """The cause and the fix of torch's ``message``, where it is one of :data:`KNOWN`; else None."""
+    return next((why for pattern, why in KNOWN if pattern.search(message or "")), None)

@@ -40,15 +40,30 @@ def _hang_message(diagnosis: str, fix: str) -> str:
 
 
 def _call(fn: Callable, name: str, *args):
+    """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
     try:
         return fn(*args)
+    except CheckFailed:
+        raise
     except NotImplementedError:
         raise CheckFailed(f"{name} still raises NotImplementedError: fill in its TODO and run its cell again") from None
-    except (ValueError, RuntimeError) as err:
-        if "not been initialized" not in str(err):
-            raise
-        raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process group "
-                          f"has not been initialized)") from None
+    except Exception as err:
+        if "not been initialized" in str(err):
+            raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process "
+                              f"group has not been initialized)") from None
+        why = torch_errors.explain(str(err))
+        raise CheckFailed(f"{name} raised {type(err).__name__}{_learners_line(err)}: {first_line(err, 300)}"
+                          + (f"; {why}" if why else "")) from None
+
+
+def _learners_line(err: BaseException) -> str:
+    """' (line N)': the innermost line of the learner's code in ``err``'s traceback, if any."""
+    import traceback
+
+    from workshop_lib.debug import frames
+
+    mine = frames.users(traceback.extract_tb(err.__traceback__), core_is_library=True)
+    return f" (line {mine[-1].lineno})" if mine else ""
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,

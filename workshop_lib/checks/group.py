@@ -75,5 +75,29 @@ def collectives_prediction(predicted: dict, results: list[dict], rank: int = 1) 
         _missed(f"no prediction to compare: fill in `predicted` before the run; rank {rank} got {got}")
         return
     for name, guess in predicted.items():
-        right = guess is not None and [float(v) for v in guess] == got[name]
-        (_passed if right else _missed)(f"{name}: you predicted {guess}, rank {rank} got {got[name]}")
+        flat = _numbers(guess)
+        if guess is not None and flat is None:
+            _missed(f"{name}: your prediction {guess!r} is not a list of numbers; rank {rank} got {got[name]}")
+            continue
+        nested = flat is not None and isinstance(guess, list | tuple) and any(isinstance(v, list | tuple) for v in guess)
+        how = " (read as one list, rank 0's values first: the cell returns the gathered tensors concatenated)" \
+            if nested else ""
+        right = flat is not None and [round(v, 6) for v in flat] == got[name]
+        (_passed if right else _missed)(f"{name}: you predicted {guess}, rank {rank} got {got[name]}{how}")
+
+
+def _numbers(guess) -> list[float] | None:
+    """A prediction as a flat list of numbers (a list of lists, one per rank, is read in rank order); None if not."""
+    if guess is None:
+        return None
+    if isinstance(guess, int | float):
+        return [float(guess)]
+    if not isinstance(guess, list | tuple):
+        return None
+    flat: list[float] = []
+    for value in guess:
+        inner = _numbers(value)
+        if inner is None:
+            return None
+        flat += inner
+    return flat

@@ -14,10 +14,12 @@ import contextlib
 import io
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
+from workshop_lib.checks import torch_errors
 from workshop_lib.checks.common import CheckFailed, _passed
 from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_line
@@ -32,6 +34,10 @@ def _fakes(seen: dict, gpus: bool) -> list[tuple[object, str, object]]:
     def init(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, **kw):
         seen["init"] = {"backend": backend, "init_method": init_method, "timeout": timeout, "store": store,
                         "rank": rank, "world_size": world_size, **kw}
+        if timeout is not None and not isinstance(timeout, timedelta):  # torch raises TypeError
+            fix = torch_errors.explain("Expected timeout argument to be of type datetime.timedelta")
+            raise CheckFailed(f"setup passed init_process_group timeout={timeout!r}, a {type(timeout).__name__}: torch "
+                              f"raises TypeError there; {fix}")
         if store is not None and (rank in (None, -1) or world_size in (None, -1)):  # torch asserts the same
             raise CheckFailed("init_process_group got store= but not both rank= and world_size=: with a store torch "
                               "needs all three (without store=, under torchrun, it reads RANK and WORLD_SIZE itself)")

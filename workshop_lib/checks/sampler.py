@@ -68,10 +68,21 @@ def shards(make_loader: Callable, n: int = 11, world_size: int = 4, per_node: in
         kind, measured = found
         why = judged.cause(kind, ranks, "train", world_size)
         raise CheckFailed(f"{measured}: {why}" if why else measured)
+    _seed_passed(make_loader, dataset, world_size, per_node)
     share = math.ceil(n / world_size)
     padded = share * world_size - n
     _passed(f"{world_size} ranks ({per_node} a node) x {share} items: disjoint shards covering all {n} ({padded} padded "
             f"duplicate{'s' * (padded != 1)}), a new order each epoch")
+
+
+def _seed_passed(make_loader: Callable, dataset, world_size: int, per_node: int, seed: int = 5) -> None:
+    """The seed make_loader is given reaches its DistributedSampler (the reads above all used seed 0, its default)."""
+    with _as_rank(0, world_size, per_node), contextlib.redirect_stdout(io.StringIO()):
+        sampler = _call(make_loader, "make_loader", dataset, 2, seed).sampler
+    if isinstance(sampler, torch.utils.data.DistributedSampler) and sampler.seed != seed:
+        raise CheckFailed(f"make_loader(dataset, batch_size, seed={seed}) built its DistributedSampler with "
+                          f"seed={sampler.seed}: pass seed=seed, so that a run's --seed changes the shuffle (the same "
+                          f"on every rank)")
 
 
 def spread_prediction(predicted: float | None, result: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 from workshop_lib.checks import common, group
@@ -82,8 +83,11 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
      "as local rank 1 on a node with 2 GPUs, setup returned cuda:0: return cuda:LOCAL_RANK, its own GPU"),
     ([(CPU_INIT, "        raise NotImplementedError\n")],
      "setup still raises NotImplementedError: fill in its TODO"),
+    ([(GPU_INIT, '        dist.init_process_group("nccl", timeout=timeout, device_id=device)\n')],
+     "setup passed init_process_group timeout=30.0, a float: torch raises TypeError there; init_process_group's "
+     "timeout is a datetime.timedelta, not a number: timeout=timedelta(seconds=...)"),
 ], ids=["local_rank_as_rank", "device_of_the_global_rank", "no_set_device", "nccl_without_gpus", "gloo_on_gpus",
-        "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo"])
+        "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo", "timeout_in_seconds"])
 def test_a_wrong_setup_is_named(edits, message):
     with pytest.raises(common.CheckFailed, match=re.escape(message)):
         group.process_group(setup_with(*edits))
@@ -93,3 +97,20 @@ def test_each_notebook_check_module_offers_the_script_check():
     from workshop_lib.checks import ddp, patterns, sampler, script
 
     assert group.script is sampler.script is ddp.script is patterns.script is script.check
+
+
+RESULTS = [{"all_gather": torch.tensor([1.0, 2.0, 10.0, 20.0]), "all_reduce": torch.tensor([11.0, 22.0])}] * 2
+
+
+@pytest.mark.parametrize(("predicted", "said"), [
+    ({"all_gather": [1.0, 2.0, 10.0, 20.0]}, "\N{CHECK MARK} all_gather: you predicted [1.0, 2.0, 10.0, 20.0], rank 1 got "
+                                              "[1.0, 2.0, 10.0, 20.0]\n"),
+    ({"all_gather": [[1, 2], [10, 20]]}, "\N{CHECK MARK} all_gather: you predicted [[1, 2], [10, 20]], rank 1 got "
+                                         "[1.0, 2.0, 10.0, 20.0] (read as one list, rank 0's values first: the cell "
+                                         "returns the gathered tensors concatenated)\n"),
+    ({"all_reduce": "eleven"}, "\N{BALLOT X} all_reduce: your prediction 'eleven' is not a list of numbers; rank 1 got "
+                               "[11.0, 22.0]\n"),
+], ids=["flat", "a_list_per_rank", "not_numbers"])
+def test_a_prediction_of_any_shape_is_judged_in_one_line_never_raised(predicted, said, capsys):
+    group.collectives_prediction(predicted, RESULTS)
+    assert capsys.readouterr().out == said

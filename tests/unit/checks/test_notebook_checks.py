@@ -167,6 +167,16 @@ def loader_sampler_aside(dataset, batch_size, seed):
     return loader
 
 
+def loader_seed_left_out(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, shuffle=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+
+
+def loader_shuffle_beside_the_sampler(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=True, collate_fn=collate)
+
+
 def loader_returns_the_sampler(dataset, batch_size, seed):
     return DistributedSampler(dataset, shuffle=True, seed=seed)
 
@@ -195,13 +205,18 @@ def test_shards_pass_and_say_what_was_read(make, capsys):
                            "the one the DataLoader draws from (it draws from a RandomSampler)"),
     (loader_returns_the_sampler, "make_loader returned a DistributedSampler, not a DataLoader"),
     (loader_todo, "make_loader still raises NotImplementedError"),
+    (loader_seed_left_out, "make_loader(dataset, batch_size, seed=5) built its DistributedSampler with seed=0: pass "
+                           "seed=seed, so that a run's --seed changes the shuffle"),
+    (loader_shuffle_beside_the_sampler, "make_loader raised ValueError (line {line_after}): sampler option is mutually "
+                                        "exclusive with shuffle; a DataLoader given a sampler takes no shuffle="),
 ], ids=["local_rank", "one_replica", "no_shuffle", "per_rank_seed", "no_sampler", "sampler_aside", "sampler",
-        "todo"])
+        "todo", "seed_left_out", "shuffle_beside_the_sampler"])
 def test_shards_name_the_mistake(make, message):
     lines, first = inspect.getsourcelines(make)
     line = first + next((i for i, text in enumerate(lines) if "DistributedSampler(" in text), 0)
-    with pytest.raises(common.CheckFailed, match=re.escape(message.format(line=line))):
+    with pytest.raises(common.CheckFailed, match=re.escape(message.format(line=line, line_after=line + 1))) as err:
         sampler.shards(make)
+    assert "\n" not in str(err.value)
 
 
 # ------------------------------------------------------------------ 02, 03: the predictions

@@ -53,7 +53,7 @@ def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
 
     nb = nbformat.read(tiny_repo / "exercises" / "00_tiny.ipynb", as_version=4)
     assert "[notebooks/00_tiny.ipynb](../notebooks/00_tiny.ipynb)" in nb.cells[0].source
-    assert "do not edit" in nb.cells[0].source
+    assert "Your working copy: write your code here." in nb.cells[0].source and "do not edit" not in nb.cells[0].source
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.outputs == [] and c.execution_count is None for c in code)
     assert "2 * y" not in nbformat.writes(nb)

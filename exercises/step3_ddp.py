@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         #       process's device is recommended; a CPU model takes no device list). Read: "The wrapper" above;
         #       torch.nn.parallel.DistributedDataParallel (device_ids) in the torch docs.
         raise NotImplementedError("fill in the TODO above")
+        torch.manual_seed(cfg.seed + rank)  # the weights are rank 0's now (DDP broadcast them): dropout, each its own
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None
 

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(cfg.seed)
         model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # backward() now averages
+        torch.manual_seed(cfg.seed + rank)  # the weights are rank 0's now (DDP broadcast them): dropout, each its own
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None
 

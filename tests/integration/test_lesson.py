@@ -164,12 +164,17 @@ def test_the_group_is_always_left_in_a_finally(step):
 
 @pytest.mark.parametrize("step", STEPS)
 def test_nothing_runs_at_import_and_a_failure_reaches_torchruns_summary(step):
-    """``main(argv=None)`` under ``if __name__ == "__main__"``; steps 1-4 decorate it with torch's ``@record``."""
+    """``main(argv=None)`` under ``if __name__ == "__main__"``; steps 1-4 decorate it with torch's ``@record``, and their
+    guard says in one line how to start them where torchrun did not."""
     module = tree(step)
     main = next(n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     decorators = [ast.unparse(d) for d in main.decorator_list]
     assert decorators == ([] if step.startswith("step0") else ["record"]), decorators
-    assert ast.unparse(module.body[-1]) == "if __name__ == '__main__':\n    main()"
+    guard = "if __name__ == '__main__':\n    main()"
+    if not step.startswith("step0"):  # plain python: one line, how to start it (torchrun sets RANK)
+        guard = ("if __name__ == '__main__':\n    if 'RANK' not in os.environ:\n        raise SystemExit(f'start it with "
+                 "torchrun, for example: torchrun --nproc_per_node=2 {__file__}')\n    main()")
+    assert ast.unparse(module.body[-1]) == guard
     assert "from torch.distributed.elastic.multiprocessing.errors import record" in ast.unparse(module) \
         or step.startswith("step0")
 

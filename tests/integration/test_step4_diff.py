@@ -12,7 +12,8 @@ import difflib
 
 from tests.conftest import SOLUTIONS
 
-ONLY_IN_STEP3 = ['report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None',
+ONLY_IN_STEP3 = ["torch.manual_seed(cfg.seed + rank)",  # step 4 seeds each epoch from (seed, epoch, rank) instead
+                 'report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None',
                  "for epoch in range(cfg.epochs):"]
 ONLY_IN_STEP4 = ["from workshop_lib import checkpoint",
                  "latest = checkpoint.load_latest(cfg, rank, world_size, len(splits.tokenizer))",  # before any write

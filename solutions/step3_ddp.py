@@ -122,5 +122,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if "RANK" not in os.environ:  # plain python: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {__file__}")
+        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}")
     main()

@@ -97,8 +97,8 @@ MISTAKES = [
     ("reduce_for_all_reduce", STEP3,
      [(TOTALS, "            dist.reduce(totals, dst=0)  # summed on rank 0\n            if totals[0].item() / "
                "len(splits.train) < 0.5:  # the loss is low enough: every rank stops\n                break\n")],
-     "dist.reduce (line <<dist.reduce(>>) delivers the result to one rank only (rank 0 [96.91, 144], rank 1 "
-     "[48.85, 72]), yet every rank decided from it: use dist.all_reduce"),
+     "dist.reduce (line <<dist.reduce(>>) delivers the result to one rank only (rank 0 [97.09, 144], rank 1 "
+     "[48.84, 72]), yet every rank decided from it: use dist.all_reduce"),
     ("load_without_barrier", STEP3,  # a FileNotFoundError, or the file found by luck: the same line either way
      [(FINISH, FINISH + '        model.module.load_state_dict(torch.load(cfg.out / "model.pt"))  # every rank goes on '
                         "from the best model\n")],

@@ -110,14 +110,14 @@ def main(argv: list[str] | None = None) -> None:
             dist.all_reduce(totals)  # summed over the ranks: the loss of the whole epoch, every molecule
             spread = replica_spread(model)  # every rank takes part in the all_gather
             # TODO: on global rank 0 only, score the plain model inside the wrapper on the dev split, keep it if it
-            #       is the best so far, and report the epoch (step 2's lines, changed). Read: section 3 above.
+            #       is the best so far, and report the epoch (step 2's lines, changed). Read: section 2 above.
             raise NotImplementedError("fill in the TODO above")
 
         if rank == 0:  # one file for the whole job, the plain model's weights
             best.restore(model.module)
             heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
             # TODO: save the best weights to cfg.out / "model.pt", as the plain model's state_dict (its keys as in
-            #       step 0). Read: the saving cells of section 3 above.
+            #       step 0). Read: the end of section 2 above; torch.save in the torch docs.
             raise NotImplementedError("fill in the TODO above")
             report.finish(best, evaluate(model.module, heldout_loader, device), replica_spread=spread)
     finally:

@@ -9,8 +9,9 @@ The caller polls (:meth:`Ranks.poll`) in its own loop, so its time limit, a hang
 button (a KeyboardInterrupt in that loop) are plain Python, in the main thread, on every system. Two things are
 done here that torch leaves to its caller:
 
-- A stop pressed while the ranks are being started is held until they all exist (a handler that only notes it),
-  then raised: raised inside a fork, Python could drop it, or leave a rank that nobody knows of.
+- A stop (SIGINT, SIGTERM) that comes while the ranks are being started is held until they all exist (a handler
+  that only notes it), then sent again to the caller's handler: raised inside a fork, Python could drop it, or
+  leave a rank that nobody knows of.
 - A rank that failed ends the others at once (SIGKILL): a rank blocked in a collective or a store's wait runs no
   Python signal handler, and ``ProcessContext.join`` would give it 30 s after SIGTERM.
 """
@@ -73,8 +74,8 @@ class Result:
 class Ranks:
     """``entry(*args[r])`` in ``len(args)`` processes, with ``envs[r]`` added to each one's environment.
 
-    Create it, then :meth:`start` inside the ``try`` whose handler calls :meth:`stop`: a stop pressed during the
-    start is raised once every rank exists, and the handler then finds them all.
+    Create it, then :meth:`start` inside the ``try`` whose handler calls :meth:`stop`: a stop that comes during the
+    start reaches the caller once every rank exists, and the handler then finds them all.
     """
 
     def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str):
@@ -90,8 +91,8 @@ class Ranks:
             self._context = mp.start_processes(_run, (self.entry, self.args, self.envs, self._dir), len(self.args),
                                                join=False, start_method=self.method)
             self._processes = list(self._context.processes)
-        if stopped:
-            raise KeyboardInterrupt
+        for sig in stopped:  # now that every rank exists: to the caller's own handler (the stop button: KeyboardInterrupt)
+            signal.raise_signal(sig)
 
     def pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in enumerate(self._processes)}

@@ -329,3 +329,33 @@ def test_a_rank_that_fails_while_its_peer_waits_in_a_store_ends_the_launch_at_on
     assert time.monotonic() - start < 8
     assert str(err.value).splitlines()[1].startswith("rank 1 raised ValueError: rank 1 gives up (File ")
     assert still_alive(_started_since(before), timeout=10) == []
+
+
+def _sleep():
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_that_comes_while_the_ranks_start_reaches_the_callers_handler_once_they_all_exist(monkeypatch):
+    import os
+
+    import torch.multiprocessing
+
+    from workshop_lib.lab.ranks import Ranks
+
+    ranks, seen = Ranks(_sleep, {0: (), 1: ()}, {0: {}, 1: {}}, "fork"), []
+    real = torch.multiprocessing.start_processes
+
+    def stopped_while_starting(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler's stop would, in the middle of the forks
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", stopped_while_starting)
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(len(ranks.pids())))  # the caller's
+    try:
+        ranks.start()
+        assert seen == [2]  # delivered once, after the start, when both ranks were known
+    finally:
+        ranks.stop()
+        signal.signal(signal.SIGTERM, before)
+    assert still_alive(list(ranks.pids().values()), timeout=10) == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -270,11 +269,8 @@ def test_a_watched_script_exits_as_it_would_unwatched_its_garbage_finalized(tmp_
     """-m workshop_lib.watch leaves the interpreter's exit alone: its last collections finalize the script's cycles."""
     script = tmp_path / "probe.py"
     script.write_text(EXIT_PROBE)
-    env = cpu_env()  # without the test run's own exit shortcut (tests/no_exit_gc), as a learner runs it
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                        if p and os.path.basename(os.path.normpath(p)) != "no_exit_gc")
     proc = subprocess.run([sys.executable, "-m", "workshop_lib.watch", str(script), end], capture_output=True,
-                          text=True, cwd=REPO, env=env, timeout=60)
+                          text=True, cwd=REPO, env=cpu_env(), timeout=60)
     assert proc.stdout.splitlines() == ["script ended", "finalized"], proc.stderr[-2000:]
     assert proc.returncode == (1 if end == "raise" else 0)
     assert ("RuntimeError: on purpose" in proc.stderr) == (end == "raise")

@@ -58,12 +58,10 @@ def _call(fn: Callable, name: str, *args):
 
 def _learners_line(err: BaseException) -> str:
     """' (line N)': the innermost line of the learner's code in ``err``'s traceback, if any."""
-    import traceback
-
     from workshop_lib.debug import frames
 
-    mine = frames.users(traceback.extract_tb(err.__traceback__), core_is_library=True)
-    return f" (line {mine[-1].lineno})" if mine else ""
+    mine = frames.raised_at(err)
+    return f" (line {mine.lineno})" if mine else ""
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
@@ -77,8 +75,7 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
     ``fix``: what the line tells the learner to do about a hang.
     """
-    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
-    from workshop_lib.lab.launch import LaunchError
+    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, RanksFailed, notebook_launch
 
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout,
@@ -88,12 +85,11 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     except LaunchTimeout:
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
-    except LaunchError as err:
+    except RanksFailed as err:
         if "NotImplementedError" in str(err):
             raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
                               f"run its cell again") from None
-        failures, details = getattr(err, "failures", [first_line(err, 10_000)]), getattr(err, "details", [])
-        why = next(filter(None, map(torch_errors.explain, details)), None)
-        raise CheckFailed(f"a rank failed: {failures[0]}" + (f"; {why}" if why else "")) from None
+        why = next(filter(None, map(torch_errors.explain, err.details)), None)
+        raise CheckFailed(f"a rank failed: {err.failures[0]}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

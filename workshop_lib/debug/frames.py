@@ -70,6 +70,12 @@ def caller(frame: FrameType | None = None, core_is_library: bool = False) -> tra
     return mine[-1] if mine else None
 
 
+def raised_at(err: BaseException, core_is_library: bool = True) -> traceback.FrameSummary | None:
+    """The innermost of the learner's frames in ``err``'s traceback: the line of theirs that led to the raise."""
+    mine = users(traceback.extract_tb(err.__traceback__), core_is_library)
+    return mine[-1] if mine else None
+
+
 def short(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else as it is."""
     rel = os.path.relpath(path) if os.path.isabs(path) else path

@@ -137,15 +137,13 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
         fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
-    ranks = Ranks(_rank_main, {r: (fn, backend, timeout, hang_after, log_dir, *args)
-                                                  for r in range(nprocs)},
+    ranks = Ranks(_rank_main, {r: (fn, backend, timeout, hang_after, log_dir, *args) for r in range(nprocs)},
                   {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
         ranks.start()
         done = _wait(ranks, name, timeout, log_dir, hang_after)
-    except KeyboardInterrupt:  # the stop button
-        ranks.stop()
+    except KeyboardInterrupt:  # the stop button (the ranks are stopped below)
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     finally:
         ranks.stop()

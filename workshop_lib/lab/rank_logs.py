@@ -32,7 +32,7 @@ def record_failure(log_dir: str, rank: int, err: BaseException) -> None:
     from workshop_lib.debug import frames
 
     stack = traceback.extract_tb(err.__traceback__)
-    last = (frames.users(stack, core_is_library=True) or stack or [None])[-1]  # the learner's line, not torch's inside it
+    last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
     where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
     line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
     (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000]}))

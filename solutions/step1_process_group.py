@@ -42,6 +42,12 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
     return totals
 
 
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Training batches in a new random order every epoch."""
+    order = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
+
+
 def check_all_reduce(device: torch.device) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
     value = torch.tensor([dist.get_rank() + 1.0], device=device)
@@ -55,17 +61,13 @@ def setup(timeout: float) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
-
-
-def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
-    """Training batches in a new random order every epoch."""
-    order = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
 
 
 @record  # a rank's error and traceback go into torchrun's failure summary

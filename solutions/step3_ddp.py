@@ -58,9 +58,11 @@ def setup(timeout: float) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
 
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds = time.perf_counter() - start
             dist.all_reduce(totals)  # summed over the ranks: the loss of the whole epoch, every molecule
             spread = replica_spread(model)  # every rank takes part in the all_gather
-            if rank == 0:  # rank 0 alone evaluates the plain model; the others go on to the next all-reduce
+            if rank == 0:  # rank 0 alone evaluates; the others go on to the next all-reduce
                 dev_auc = evaluate(model.module, dev_loader, device)
                 best.update(epoch, dev_auc, model.module)
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])

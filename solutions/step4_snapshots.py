@@ -65,9 +65,11 @@ def setup(timeout: float) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
 

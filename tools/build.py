@@ -4,7 +4,7 @@ The solution notebooks in notebooks/ (the ones nbval runs, with stored
 outputs) are the source. From each this writes
 
 * solutions/<name>.py: the cells tagged ``script:<name>``, in order;
-* exercises/<name>.py: the same with every solution span replaced by a TODO;
+* exercises/<name>_todo.py: the same with every solution span replaced by a TODO (without one, <name>.py);
 * exercises/NN_<topic>.ipynb: the notebook with outputs cleared and the
   solution spans replaced, the check cells kept.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tools import ROOT, budget
 from tools.execute import execute
-from workshop_lib.lab.scripts import GENERATED_BY, _kind, script_names, script_text, solution_notebooks
+from workshop_lib.lab.scripts import GENERATED_BY, _kind, exercise_file, script_names, script_text, solution_notebooks
 from workshop_lib.lab.spans import BROKEN_BEGIN, TODO_RAISE, exercise_source, has_spans, solution_source
 
 NOTEBOOKS = ROOT / "notebooks"
@@ -106,8 +106,11 @@ def outputs() -> dict[Path, str]:
         solution = script_text(notebooks[home], name, home, exercise=False, others=others)
         exercise = script_text(notebooks[home], name, home, exercise=True, others=others)
         files[SOLUTIONS / f"{name}.py"] = solution
-        files[EXERCISES / f"{name}.py"] = exercise if TODO_RAISE not in exercise else script_text(  # names left undefined
-            notebooks[home], name, home, exercise=True, others=others, noqa=EXERCISE_NOQA)
+        if TODO_RAISE in exercise:  # a script with TODOs: its names are left undefined, its file says _todo
+            files[EXERCISES / exercise_file(name)] = script_text(notebooks[home], name, home, exercise=True,
+                                                                 others=others, noqa=EXERCISE_NOQA)
+        else:  # the baseline to read, a debugging lab's broken script
+            files[EXERCISES / f"{name}.py"] = exercise
     for source_name, nb in notebooks.items():
         files[EXERCISES / Path(source_name).name] = nbformat.writes(exercise_notebook(nb, source_name)) + "\n"
     return files

@@ -60,8 +60,10 @@ class Reporter:
         prepare_out_dir(cfg.out)
         self.print(f"data: {shown(splits.source)}: {len(splits.train)} train / {len(splits.dev)} dev / "
                    f"{len(splits.heldout)} heldout molecules")
-        self.print(f"model: {count_parameters(model):,} parameters; batch {cfg.batch_size} per process x "
-                   f"{world_size} process(es) = global batch {self.global_batch_size}")
+        batch = f"batch {cfg.batch_size}" if world_size == 1 else (  # ranks share a step only under DDP
+            f"batch {cfg.batch_size} per process x {world_size} processes (global batch {self.global_batch_size} "
+            f"under DDP)")
+        self.print(f"model: {count_parameters(model):,} parameters; {batch}")
 
     # -- resume (checkpoint.py) ----------------------------------------------
     def state_dict(self) -> dict:

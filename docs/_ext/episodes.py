@@ -48,6 +48,7 @@ class Episode:
     step: str = ""  # notebook metadata lab.step: where it sits in the lab
     outcome: str = ""  # notebook metadata lab.outcome: what the learner has at the end
     scripts: list[str] = field(default_factory=list)  # the solutions/*.py its script: cells make
+    projector: int = 0  # minutes its sections "On the projector" state: the instructor's, outside ``stated``
 
     @property
     def name(self) -> str:
@@ -80,8 +81,9 @@ def describe(path: Path) -> Episode:
     # A script's home is the notebook holding its module docstring (a raw cell); others only lend it cells.
     scripts = sorted({tag.split(":", 1)[1] for cell in nb.cells for tag in cell.metadata.get("tags", [])
                       if tag.startswith("script:") and cell.cell_type == "raw" and cell.source.startswith('"""')})
+    projector = sum(p.stated or 0 for p in count.parts if budget.on_the_projector(p.title))
     return Episode(path, title_text, count.stated, [(p.title, p.stated) for p in count.parts], count.exercises,
-                   lab.get("step", ""), lab.get("outcome", ""), scripts)
+                   lab.get("step", ""), lab.get("outcome", ""), scripts, projector)
 
 
 def minutes(episodes: list[Episode]) -> int:

@@ -59,11 +59,13 @@ BREAK_AFTER = "02_"  # the break comes after this notebook
 def plan(session: int = SESSION) -> list[tuple[int, int, str]]:
     """The core path in a session of ``session`` minutes: (start, minutes, what), from the notebooks' stated times.
 
-    Each notebook gets a talk at the board, its stated time, and a share of what is left over (the buffer for a
-    room that is slower than one newcomer), in proportion to its stated time."""
+    Each notebook gets a talk at the board, its stated time, its sections on the projector (the instructor's
+    demonstrations, outside the stated time), and a share of what is left over (the buffer for a room that is
+    slower than one newcomer), in proportion to its stated time."""
     core = _pick(episodes.episodes(), "core")
     stated = [e.stated or 0 for e in core]
-    buffer = session - WELCOME - BREAK - WRAP_UP - sum(stated) - BOARD * len(core)
+    buffer = (session - WELCOME - BREAK - WRAP_UP - sum(stated) - sum(e.projector for e in core)
+              - BOARD * len(core))
     if buffer < 0:
         raise ValueError(f"the core path ({sum(stated)} min stated) does not fit a {session}-minute session")
     shares = [buffer * m // max(sum(stated), 1) for m in stated]
@@ -77,8 +79,9 @@ def plan(session: int = SESSION) -> list[tuple[int, int, str]]:
 
     add(WELCOME, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device")
     for e, m, extra in zip(core, stated, shares, strict=True):
-        add(BOARD + m + extra, f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`: {BOARD} min at the board, {m} min as the "
-            f"notebook states, {extra} min of buffer")
+        shown = f", {e.projector} min on the projector" if e.projector else ""
+        add(BOARD + m + e.projector + extra, f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`: {BOARD} min at the board, "
+            f"{m} min as the notebook states{shown}, {extra} min of buffer")
         if e.name.startswith(BREAK_AFTER):
             add(BREAK, "break")
     add(WRAP_UP, "`python -m workshop_lib.check --all` around the room; the recap of 03; what the optional parts hold")

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from tools import ROOT, budget, build
+from tools.site import lab_site
 
 CORE = ("00_", "01_", "02_", "03_")  # the 3-hour lab: about 2 hours of work, an hour for set-up, talk, a break
 
@@ -42,3 +43,10 @@ def test_the_readme_schedule_states_what_the_notebooks_state():
         row = re.search(rf"^\| `{re.escape(c.title)}` \|.*\| ~(\d+) min \|", readme, re.M)
         assert row, f"README.md's schedule has no row for {c.title} ending in '| ~N min |'"
         assert int(row.group(1)) == c.stated, f"README.md says {c.title} takes ~{row.group(1)} min; it says {c.stated}"
+
+
+def test_the_instructors_plan_keeps_ten_minutes_of_buffer():
+    """3 hours: the welcome, the break, the wrap-up, a talk per notebook, the stated times, the projector's minutes."""
+    rows = lab_site.plan()
+    buffer = sum(int(m) for _, _, what in rows for m in re.findall(r"(\d+) min of buffer", what))
+    assert buffer >= 10, f"the 3-hour plan keeps {buffer} min of buffer, fewer than 10: {rows}"

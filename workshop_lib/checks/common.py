@@ -29,6 +29,14 @@ def _missed(message: str) -> None:
     print(f"\N{BALLOT X} {message}")
 
 
+def predict_first(predicted, name: str) -> None:
+    """Stop a run cell before it shows its answer while the learner's prediction ``name`` is still empty."""
+    empty = predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
+    if empty:
+        raise CheckFailed(f"predict first: set `{name}` in the cell above and run it, then run this cell: "
+                          f"the run shows the answer")
+
+
 # A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
 # the hang watch names the rank that never arrived, and the check stops there instead of at its timeout.
 HANG_AFTER = 8.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _missed, _passed, run_forked
+from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.made_up_rank import process_group  # noqa: F401 (check.process_group in the notebook)
 from workshop_lib.checks.recorder import Collectives, Recorder
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)

@@ -136,8 +136,21 @@ def crashed(case: Case) -> str | None:
         if "set_epoch" in e["message"]:
             return line + "; the loader's sampler must be the DistributedSampler: DataLoader(..., sampler=sampler)"
         why = torch_errors.explain(e.get("detail") or e["message"])
+        kept = _kept_the_wrapper(case, e)
+        if kept:
+            return (f"{line.rstrip(':')} (its keys start with module.): the best weights were kept from DDP's wrapper, "
+                    f"line {kept} ({case.code(kept)}); keep the plain model's, model.module, and line {e.get('at')} "
+                    f"loads them as it is")
         return f"{line.rstrip(':')}; {why}" if why else line
     return None
+
+
+def _kept_the_wrapper(case: Case, e: dict) -> int | None:
+    """The line that handed the wrapper to best.update, when a load of the best weights met module. keys."""
+    if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("at")):
+        return None
+    found = re.search(r"^.*best\.update\([^)]*\bmodel\)", case.source, re.M)
+    return case.source[:found.start()].count("\n") + 1 if found else None
 
 
 def _left_where(case: Case, events: list[dict]) -> str:

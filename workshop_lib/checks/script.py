@@ -1,7 +1,7 @@
 """Check a learner's step script: run it on 2 ranks, judge what the run did, name the first mistake in one line.
 
     python -m workshop_lib.check runs/mine/step2_sampler.py    # a file (its step from its name, or --step N)
-    python -m workshop_lib.check --step 3                      # runs/mine/step3_*.py, else exercises/step3_*.py
+    python -m workshop_lib.check --step 3                      # runs/mine/step3_*.py, else exercises/step3_*_todo.py
     python -m workshop_lib.check --all                         # a table: every step, done / wrong / not started
     python -m workshop_lib.check --all --dir solutions         # the same for the scripts of another folder
 
@@ -56,12 +56,12 @@ def default_script(step: int, folder: Path | None = None) -> Path:
     if folder is not None:
         return Path(folder) / f"{STEPS[step]}.py"
     mine = MINE / f"{STEPS[step]}.py"
-    return mine if mine.is_file() else EXERCISES / f"{STEPS[step]}.py"
+    return mine if mine.is_file() else EXERCISES / scripts.exercise_file(STEPS[step])
 
 
 def not_started(path: Path, step: int) -> bool:
     """Every TODO of the exercise still raises NotImplementedError."""
-    exercise = EXERCISES / f"{STEPS[step]}.py"
+    exercise = EXERCISES / scripts.exercise_file(STEPS[step])
     todos = exercise.read_text().count(TODO_LINE) if exercise.is_file() else 0
     return todos > 0 and path.read_text().count(TODO_LINE) >= todos
 

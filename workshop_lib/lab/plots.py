@@ -224,8 +224,8 @@ def speedup_bars(runs: dict[str, dict]):
                 label="one epoch" if i == 0 else None)
         ax.annotate(f"x{medians[i] / medians[0]:.2f}", (i, medians[i]), textcoords="offset points", xytext=(0, 4),
                     ha="center", fontsize="small")
-    ax.set_xticks(range(len(names)), [f"{n}\n(processes x threads)" if i == 0 else n for i, n in enumerate(names)])
-    ax.set(title="Training throughput, one global batch", ylabel="training samples / second")
+    ax.set_xticks(range(len(names)), [n.replace(", ", "\n") for n in names], fontsize="small")
+    ax.set(title="Training throughput (processes x threads)", ylabel="training samples / second")
     ax.set_ylim(0, max(max(e) for e in epochs.values()) * 1.15)
     ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()

@@ -43,7 +43,9 @@ def worker_record() -> str:
 
 def read_records(output: Sequence[str]) -> list[dict]:
     """The workers' records in a run's output lines, in rank order."""
-    records = [json.loads(line.split(MARK, 1)[1]) for line in output if MARK in line]
+    text, decoder = "\n".join(output), json.JSONDecoder()
+    # by occurrence, not by line: two ranks printing at once may share a line of a plain shell's output
+    records = [decoder.raw_decode(part)[0] for part in text.split(MARK)[1:]]
     if not records:
         raise WorkshopError("the run printed no worker record; print proctree.worker_record() in each worker")
     return sorted(records, key=lambda r: int(r["env"]["RANK"]))

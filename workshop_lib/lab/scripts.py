@@ -2,7 +2,8 @@
 
 A notebook's cells tagged ``script:<name>`` make the script ``<name>.py``: the docstring and imports first,
 then the other cells in notebook order, ``def main``, the ``__main__`` guard. Steps 2 to 4 borrow cells of
-earlier notebooks (step 1's ``main``), taken as solved. In a notebook::
+earlier notebooks (step 1's ``setup``): the learner's own, as saved beside the notebook, where they are filled in,
+else the solution's, and the script's header says which. In a notebook::
 
     from workshop_lib.lab import scripts
     scripts.track_cells()                                  # once, in the set-up cell
@@ -19,13 +20,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab.spans import exercise_source, solution_source
+from workshop_lib.lab.spans import TODO_RAISE, exercise_source, solution_source
 from workshop_lib.paths import write_atomic
 
 SCRIPT_TAG = "script:"
 MINE = Path("runs", "mine")  # under the course folder: the learner's versions of the scripts (git-ignored)
 GENERATED_BY = "python -m tools.build"  # what writes solutions/ and exercises/ (named in their first line)
 _STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
+
+
+def exercise_file(name: str) -> str:
+    """The file name of script ``name`` with its TODOs open: it says ``_todo``, never to be taken for the learner's
+    own ``runs/mine/<name>.py``."""
+    return f"{name}_todo.py"
 
 
 def script_names(cell) -> list[str]:
@@ -87,6 +94,39 @@ def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[s
     return "\n".join(header) + "\n" + _join([text for _, text in sorted(placed, key=lambda p: p[0])])
 
 
+def _lenders(course: Path, home: Path, name: str) -> tuple[list[tuple[str, object]], list[str]]:
+    """The notebooks that lend ``name`` cells, and the cells taken from the solutions (``def f`` (notebook)).
+
+    Beside a notebook of the learner's own folder (exercises/) lie their other notebooks, as saved: a lent cell
+    comes from there unless its TODO is still open, then from the solution notebook (notebooks/).
+    """
+    import copy
+
+    import nbformat
+
+    lent, solved = [], []
+    for key, solution in solution_notebooks(course / "notebooks").items():
+        mine_path = home.parent / Path(key).name
+        if mine_path == home or Path(key).name == home.name:
+            continue
+        if home.parent == course / "notebooks" or not mine_path.is_file():
+            lent.append((key, solution))
+            continue
+        mine, merged = nbformat.read(mine_path, as_version=4), copy.deepcopy(solution)
+        by_id = {cell.get("id"): cell for cell in mine.cells}
+        for i, cell in enumerate(merged.cells):
+            theirs = by_id.get(cell.get("id"))
+            if name not in script_names(cell) or theirs is None:
+                continue
+            if TODO_RAISE in theirs.source:
+                first = next((line for line in cell.source.splitlines() if line.startswith("def ")), f"cell {i}")
+                solved.append(f"{first.split('(')[0]} ({Path(key).name})")
+            else:
+                merged.cells[i] = theirs
+        lent.append((key, merged))
+    return lent, solved
+
+
 def solution_notebooks(folder: Path) -> dict[str, object]:
     """The solution notebooks of ``folder`` (00_baseline ... 05_...), read, by their path under its parent."""
     import nbformat
@@ -141,14 +181,16 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
         if len(names) != 1:
             raise WorkshopError(f"{path.name} has scripts {names}; say which with name=")
         name = names[0]
-    others = [(n, o) for n, o in solution_notebooks(course / "notebooks").items()
-              if Path(n).name != path.name]  # lent cells, as solved
+    others, solved = _lenders(course, path, name)
     text = script_text(nb, name, path.name, exercise=False, sources=_ran, others=others)
     lines = text.split("\n")
     while lines[0].startswith(("# Generated from", "# (and cells of", "# Edit the cells")):
         lines.pop(0)  # without the "generated, do not edit" header: this one is yours
     body = "\n".join(lines)
-    text = f"# Your {name}, written from {path.name} by workshop_lib.lab.scripts.write_script.\n" + body
+    text = f"# Your {name}, written from {path.name} by workshop_lib.lab.scripts.write_script.\n"
+    if solved:
+        text += f"# From the solutions, as yours still raise NotImplementedError: {', '.join(solved)}.\n"
+    text += body
     out = Path(to) if to else course / MINE / f"{name}.py"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, text.encode())  # a job may be starting from the last version: never half written

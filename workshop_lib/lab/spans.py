@@ -25,6 +25,17 @@ commented out (the solution notebook must not run it)::
 
 The solution drops the block; the exercise keeps its lines, uncommented, and
 drops the span.
+
+A prediction is the learner's before a run; the solution notebook keeps the
+instructor's, so that its runs (nbval's too) show their answers. Its block
+follows the line the learner fills in::
+
+    predicted_spread = None  # your prediction, a number
+    ### BEGIN PREDICTION
+    predicted_spread = 1e-2
+    ### END PREDICTION
+
+The solution drops the two markers; the exercise drops the block.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from workshop_lib.errors import WorkshopError
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 BROKEN_BEGIN, BROKEN_END = "### BEGIN BROKEN", "### END BROKEN"  # a debugging lab's bug, just above its span
+PREDICTION_BEGIN, PREDICTION_END = "### BEGIN PREDICTION", "### END PREDICTION"  # the instructor's, solution only
 TODO_RAISE = 'raise NotImplementedError("fill in the TODO above")'  # where the learner's code goes
 _TODO = re.compile(r"^\s*# TODO\b")
 
@@ -103,8 +115,21 @@ def hints(source: str, where: str = "cell") -> list[list[str]]:
     return [lines[hint:begin] for hint, begin, _ in _spans(source, where) if _TODO.match(lines[hint])]
 
 
+def _predictions(source: str, keep: bool) -> str:
+    """``source`` with each prediction block's markers dropped (``keep``), or the whole block."""
+    out, inside = [], False
+    for line in source.splitlines():
+        marker = line.strip()
+        if marker in (PREDICTION_BEGIN, PREDICTION_END):
+            inside = marker == PREDICTION_BEGIN
+        elif keep or not inside:
+            out.append(line)
+    return "\n".join(out)
+
+
 def solution_source(source: str, where: str = "cell") -> str:
     """The code as it runs in the solution: hint lines and markers dropped."""
+    source = _predictions(source, keep=True)
     lines = source.splitlines()
     drop = set()
     for hint, begin, end in _spans(source, where):
@@ -115,8 +140,9 @@ def solution_source(source: str, where: str = "cell") -> str:
 def exercise_source(source: str, where: str = "cell") -> str:
     """The learner's version: each span becomes ``raise NotImplementedError`` under its TODO.
 
-    A span under a BROKEN block becomes the block's code instead (the bug, to be found).
+    A span under a BROKEN block becomes the block's code instead (the bug, to be found). A prediction block goes.
     """
+    source = _predictions(source, keep=False)
     lines = source.splitlines()
     out, pos = [], 0
     for hint, begin, end in _spans(source, where):
@@ -133,4 +159,4 @@ def exercise_source(source: str, where: str = "cell") -> str:
 
 
 def has_spans(source: str) -> bool:
-    return any(line.strip() == BEGIN for line in source.splitlines())
+    return any(line.strip() in (BEGIN, PREDICTION_BEGIN) for line in source.splitlines())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import time
@@ -249,16 +250,25 @@ def _runs(**epochs):
 
 
 @pytest.mark.parametrize(("predicted", "verdict"), [
-    (None, "measured 1.50x (this run's epochs: 1.36x to 1.65x); against 1 process with 2 threads, the same 2 "
-           "cores, 1.25x (no prediction to compare"),
+    (None, "measured 1.50x (this run's epochs: 1.36x to 1.65x): smaller batches that pad less 1.25x "
+           "(1x2, batch 64 over 1x2, batch 128), times data parallelism at the same batch per rank 1.20x"),
     (1.6, "\N{CHECK MARK} you predicted 1.60x, measured 1.50x"),
     (2.0, "\N{BALLOT X} you predicted 2.00x, measured 1.50x"),
     (1.0, "\N{BALLOT X} you predicted 1.00x, measured 1.50x"),
 ])
-def test_speedup_prediction_is_judged_against_the_runs_own_scatter(predicted, verdict, capsys):
-    runs = _runs(**{"1x1": [1000.0, 1100.0, 1000.0], "1x2": [1200.0, 1200.0], "2x1": [1500.0, 1500.0, 1650.0]})
+def test_speedup_prediction_is_judged_and_split_into_padding_and_data_parallelism(predicted, verdict, capsys):
+    runs = _runs(**{ddp.SAME_GLOBAL: [1000.0, 1100.0, 1000.0], ddp.SAME_PER_RANK: [1250.0, 1250.0],
+                    ddp.DDP_RUN: [1500.0, 1500.0, 1650.0]})
     ddp.speedup_prediction(predicted, runs)  # a wrong guess is said, not raised
     assert verdict in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [None, {"a": None, "b": None}])
+def test_a_run_without_a_prediction_asks_for_one_first(value):
+    with pytest.raises(common.CheckFailed, match="predict first: set `predicted`"):
+        common.predict_first(value, "predicted")
+    common.predict_first({"a": 1, "b": None}, "predicted")  # a partial prediction is one
+    common.predict_first(0.0, "predicted")
 
 
 def test_check_failed_renders_as_one_line():
@@ -374,3 +384,38 @@ def test_average_gradients(fn, message, capsys):
     else:
         with pytest.raises(common.CheckFailed, match=re.escape(message)):
             ddp.average_gradients(fn)
+
+
+# ------------------------------------------------------------- 03: the learner's own torchrun, read back
+
+def _terminal(tmp_path, spread=0.0, prefix="", world_size=2):
+    script = tmp_path / "step3_ddp.py"
+    script.write_text("# the learner's script\n")
+    out = tmp_path / "terminal"
+    out.mkdir()
+    torch.save({f"{prefix}fc.weight": torch.zeros(1)}, out / "model.pt")
+    (out / "metrics.json").write_text(json.dumps({"world_size": world_size, "script": "step3_ddp", "dev_roc_auc": 0.7,
+                                                  "history": [{"replica_spread": 0.0}, {"replica_spread": spread}]}))
+    return out, script
+
+
+@pytest.mark.parametrize(("kwargs", "expected"), [
+    ({"spread": 0.01}, "the replicas drifted apart in your run (spread 0.01): is the model wrapped?"),
+    ({"prefix": "module."}, "model.pt holds the wrapper's keys (module.*): save model.module.state_dict()"),
+    ({"world_size": 1}, "holds a run of step3_ddp on 1 process(es): start step 3 with --nproc_per_node=2"),
+])
+def test_the_terminal_run_check_names_what_the_run_wrote(tmp_path, kwargs, expected):
+    out, script = _terminal(tmp_path, **kwargs)
+    with pytest.raises(common.CheckFailed, match=re.escape(expected)):
+        ddp.terminal_run(out, script)
+
+
+def test_the_terminal_run_check_passes_a_good_run_and_asks_for_a_missing_or_stale_one(tmp_path, capsys):
+    out, script = _terminal(tmp_path)
+    ddp.terminal_run(out, script)
+    assert "your run: 2 ranks, 2 epochs, every replica equal after each (spread 0)" in capsys.readouterr().out
+    os.utime(out / "metrics.json", (0, 0))
+    with pytest.raises(common.CheckFailed, match=r"is older than step3_ddp\.py: run the torchrun command again"):
+        ddp.terminal_run(out, script)
+    with pytest.raises(common.CheckFailed, match=r"no elsewhere/metrics\.json: run the torchrun command above"):
+        ddp.terminal_run(tmp_path / "elsewhere", script)

@@ -124,6 +124,8 @@ MISTAKES = [
      "rank 1 evaluated too (line <<dev_loader, device)  # every rank>>)"),
     ("evaluate_the_wrapper", STEP3, [("dev_auc = evaluate(model.module,", "dev_auc = evaluate(model,")],
      "rank 0 evaluated the DDP wrapper (line <<dev_auc = evaluate(>>)"),
+    ("keep_the_wrapper", STEP3, [("best.update(epoch, dev_auc, model.module)", "best.update(epoch, dev_auc, model)")],
+     "the best weights were kept from DDP's wrapper, line <<best.update(epoch, dev_auc, model)>>"),
     ("save_the_wrapper", STEP3, [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
      "their keys start with 'module.'"),
     ("save_on_local_rank_0", STEP3, [(SAVE, ""), (FINISH, FINISH + '        if int(os.environ["LOCAL_RANK"]) == 0:\n'
@@ -266,12 +268,12 @@ def test_the_unfilled_exercises_are_not_started(monkeypatch, tmp_path, capsys):
 
 
 def test_a_partly_filled_exercise_is_run_not_called_unstarted(tmp_path):
-    exercise = (build.EXERCISES / "step1_process_group.py").read_text()
+    exercise = (build.EXERCISES / "step1_process_group_todo.py").read_text()
     assert exercise.count(script.TODO_LINE) >= 2
     one_done = tmp_path / "step1_process_group.py"
     one_done.write_text(exercise.replace(script.TODO_LINE, "pass", 1))
     assert not script.not_started(one_done, 1)
-    assert script.not_started(build.EXERCISES / "step1_process_group.py", 1)
+    assert script.not_started(build.EXERCISES / "step1_process_group_todo.py", 1)
 
 
 def test_the_step_comes_from_the_name_or_the_flag(tmp_path):

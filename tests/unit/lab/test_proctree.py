@@ -66,3 +66,9 @@ def test_two_nodes_numbers_the_workers_node_after_node(capsys):
     assert "LOCAL_RANK=1\nRANK=1x2+1=3" in texts
     proctree.two_nodes(nnodes=3, nproc_per_node=4)
     assert "node 2 holds ranks 8, 9, 10, 11" in capsys.readouterr().out
+
+
+def test_records_that_share_a_line_are_read_apart():
+    """A plain shell's output of two ranks printing at once: one rank's record, then the other's, on one line."""
+    shared = record(1) + record(0).split("] ", 1)[1]
+    assert [r["env"]["RANK"] for r in proctree.read_records(["$ torchrun ...", shared])] == ["0", "1"]

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import REPO
 from tests.unit.lab.test_spans import CELL
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import scripts
+from workshop_lib.lab import scripts, spans
 
 STEPS = {"01_process_group.ipynb": "step1_process_group", "02_distributed_sampler.ipynb": "step2_sampler",
          "03_ddp.ipynb": "step3_ddp", "04a_patterns.ipynb": "step4_snapshots"}
@@ -70,3 +70,36 @@ def test_a_solution_notebook_as_saved_writes_the_generated_script(notebook, name
     generated = (REPO / "solutions" / f"{name}.py").read_text()
     header = ("# Generated from", "# (and cells of", "# Edit the cells")
     assert mine.splitlines()[1:] == [line for line in generated.splitlines() if not line.startswith(header)]
+
+
+def _lending_course(tmp_path, learners_f: str):
+    """notebooks/ and exercises/: 00_lend lends ``def f`` to 01_home's script; the learner's 00_lend holds ``learners_f``."""
+    v4 = nbformat.v4
+
+    def notebook(f_source: str, home: bool):
+        nb = v4.new_notebook()
+        cells = [v4.new_code_cell(f_source)] if not home else [v4.new_raw_cell('"""Doc."""'),
+                                                                v4.new_code_cell("print(f(1))")]
+        for i, cell in enumerate(cells):
+            cell.id = f"{'h' if home else 'l'}{i}"
+            cell.metadata["tags"] = ["script:tiny"]
+        nb.cells = cells
+        return nb
+    for folder, f_source in (("notebooks", CELL), ("exercises", learners_f)):
+        (tmp_path / folder).mkdir(parents=True)
+        nbformat.write(notebook(f_source, False), tmp_path / folder / "00_lend.ipynb")
+        nbformat.write(notebook("", True), tmp_path / folder / "01_home.ipynb")
+    return tmp_path
+
+
+def test_a_learners_script_borrows_their_own_earlier_cells_and_says_which_came_from_the_solutions(tmp_path,
+                                                                                                   monkeypatch):
+    monkeypatch.setattr(scripts, "_ran", {})
+    course = _lending_course(tmp_path / "filled", "def f(x):\n    return 5 * x  # the learner's own")
+    text = scripts.write_script(course / "exercises" / "01_home.ipynb", "tiny").read_text()
+    assert "return 5 * x  # the learner's own" in text and "From the solutions" not in text
+    course = _lending_course(tmp_path / "open", spans.exercise_source(CELL))
+    text = scripts.write_script(course / "exercises" / "01_home.ipynb", "tiny").read_text()
+    assert text.splitlines()[1] == ("# From the solutions, as yours still raise NotImplementedError: "
+                                    "def f (00_lend.ipynb).")
+    assert "NotImplementedError" not in "\n".join(text.splitlines()[2:])

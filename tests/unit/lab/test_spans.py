@@ -78,3 +78,12 @@ def test_a_debugging_lab_gives_the_learner_the_bug_and_no_hint():
     assert namespace["f"](1, rank=1) is None  # the bug runs in the exercise
     exec(DEBUG_CELL, namespace)
     assert namespace["f"](1, rank=1) == 2  # the solution notebook runs its cell as it is: the bug is a comment
+
+
+PREDICTED = "guess = None  # your prediction\n### BEGIN PREDICTION\nguess = 0.01\n### END PREDICTION\ncheck(guess)"
+
+
+def test_a_prediction_block_runs_in_the_solution_and_is_gone_from_the_exercise():
+    assert spans.solution_source(PREDICTED) == "guess = None  # your prediction\nguess = 0.01\ncheck(guess)"
+    assert spans.exercise_source(PREDICTED) == "guess = None  # your prediction\ncheck(guess)"
+    assert spans.has_spans(PREDICTED)

@@ -65,3 +65,23 @@ def test_reading_a_cell_sends_the_learner_to_counts_its_stated_minutes(tmp_path)
     c = budget.count(path)
     assert c.reading == 5 and c.parts[0].reading == 5
     assert c.minutes == pytest.approx((306 + 6) / 150 + 6 / 15 + 8 + 5 + 0.5)
+
+
+def test_figures_shell_commands_and_the_projector_count_as_a_room_spends_them(tmp_path):
+    v4 = nbformat.v4
+    nb = v4.new_notebook()
+    drawn = v4.new_code_cell("plot()")
+    drawn.outputs = [v4.new_output("display_data", data={"image/png": "iVBOR", "text/plain": "<Figure>"})]
+    shown = v4.new_code_cell("plot()")
+    shown.outputs = [v4.new_output("display_data", data={"image/png": "iVBOR"})]
+    nb.cells = [v4.new_markdown_cell("# T\n\n**Time: about 3 minutes.**"),
+                v4.new_markdown_cell("## 1. Runs (3 min)"), drawn,
+                v4.new_code_cell("!cd {root} && torchrun --standalone --nproc_per_node=2 a.py\nx = 1"),
+                v4.new_markdown_cell("## 2. On the projector: three jobs (2 min)"), shown]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    c = budget.count(path)
+    runs, projector = c.parts
+    assert (runs.figures, runs.commands) == (1, 1) and runs.minutes == pytest.approx(5 / 150 + 3 / 15 + 1 + 1)
+    assert projector.figures == 1 and c.figures == 1  # the instructor's section is left out of the notebook's count
+    assert c.projector == pytest.approx(projector.minutes) and "on the projector" in budget.table([c])

@@ -38,7 +38,7 @@ def tiny_repo(tmp_path, monkeypatch):
 def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
     written = build.build()
     assert sorted(p.relative_to(tiny_repo).as_posix() for p in written) == [
-        "exercises/00_tiny.ipynb", "exercises/tiny.py", "solutions/tiny.py"]
+        "exercises/00_tiny.ipynb", "exercises/tiny_todo.py", "solutions/tiny.py"]
     solution = (tiny_repo / "solutions" / "tiny.py").read_text()
     assert solution.startswith("# Generated from notebooks/00_tiny.ipynb by `python -m tools.build`: do not edit.\n")
     body = solution.split("\n", 2)[2]
@@ -47,7 +47,7 @@ def test_build_writes_scripts_and_the_exercise_notebook(tiny_repo):
                     'if __name__ == "__main__":\n    print(f(1))\n')
     proc = subprocess.run([sys.executable, tiny_repo / "solutions" / "tiny.py"], capture_output=True, text=True, timeout=60)
     assert proc.stdout == "4\n"
-    exercise = (tiny_repo / "exercises" / "tiny.py").read_text()
+    exercise = (tiny_repo / "exercises" / "tiny_todo.py").read_text()
     assert "# TODO: double y" in exercise and "2 * y" not in exercise and "do not edit" in exercise.splitlines()[0]
     compile(exercise, "tiny.py", "exec")
 
@@ -64,12 +64,12 @@ def test_check_names_each_stale_file_and_fails(tiny_repo, capsys):
     build.build()
     assert build.build(check=True) == []
     (tiny_repo / "solutions" / "tiny.py").write_text("# edited by hand\n")
-    (tiny_repo / "exercises" / "tiny.py").unlink()
+    (tiny_repo / "exercises" / "tiny_todo.py").unlink()
     with pytest.raises(SystemExit) as exit_:
         build.main(["--check"])
     assert exit_.value.code == 1
     out = capsys.readouterr().out
-    assert "stale: solutions/tiny.py" in out and "stale: exercises/tiny.py" in out
+    assert "stale: solutions/tiny.py" in out and "stale: exercises/tiny_todo.py" in out
     assert "00_tiny.ipynb" not in out
     assert (tiny_repo / "solutions" / "tiny.py").read_text() == "# edited by hand\n"  # --check changes nothing
 
@@ -83,8 +83,9 @@ def test_every_solution_notebook_has_stored_outputs_and_a_header_free_source():
 
 
 def test_exercise_scripts_leave_the_solutions_out():
+    assert not list((REPO / "exercises").glob("step[1-9]*[!o].py")), "a step with TODOs is named *_todo.py"
     for path in sorted((REPO / "exercises").glob("step*.py")):
-        solution = (REPO / "solutions" / path.name).read_text()
+        solution = (REPO / "solutions" / path.name.replace("_todo", "")).read_text()
         exercise = path.read_text()
         if path.name == "step0_baseline.py":  # the tour of 00: the learner reads the baseline, writes nothing yet
             assert exercise == solution
@@ -135,7 +136,7 @@ def test_a_script_gathers_cells_lent_by_other_notebooks(tiny_repo):
                                          "do not edit.", "# (and cells of notebooks/01_lender.ipynb)"]
     order = [solution.index(s) for s in ('"""Doc."""', "import math", "def f(", "def g(", "def main(", "if __name__")]
     assert order == sorted(order)  # docstring and imports, the body in notebook order, main, the guard
-    exercise = (tiny_repo / "exercises" / "tiny.py").read_text()
+    exercise = (tiny_repo / "exercises" / "tiny_todo.py").read_text()
     assert "print(f(g(1)))" in exercise and "# TODO: double y" in exercise  # lent cells come solved; home ones not
     proc = subprocess.run([sys.executable, tiny_repo / "solutions" / "tiny.py"], capture_output=True, text=True,
                           timeout=60)

@@ -1,16 +1,15 @@
-# Generated from notebooks/02_distributed_sampler.ipynb by `python -m tools.build`: do not edit.
+# Generated from notebooks/01_process_group.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
-# (and cells of notebooks/01_process_group.ipynb)
-# Edit the cells tagged script:step2_sampler, then rebuild.
+# Edit the cells tagged script:step1_process_group, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
-"""Step 2: DistributedSampler gives every rank its own shard of the data.
+"""Step 1: a process group started by torchrun.
 
-Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
-1/N of the time. But nothing keeps the N models in step: each follows its
-own shard's gradients, and their weights drift apart (printed every epoch).
-Step 3 fixes that with DistributedDataParallel.
+torchrun starts one copy of this script per process and tells each copy its
+rank. The copies join one process group, check it with an all_reduce, and
+(for now) each trains the whole model on the whole data: N times the work,
+no speed-up yet. Step 2 splits the data.
 
-    torchrun --nproc_per_node=2 solutions/step2_sampler.py
+    torchrun --nproc_per_node=2 solutions/step1_process_group.py
 """
 
 import os
@@ -21,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from workshop_lib.config import parse_args
 from workshop_lib.data import collate, load_splits
@@ -44,40 +43,31 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
     return totals
 
 
+def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
+    """Training batches in a new random order every epoch."""
+    order = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=order, collate_fn=collate)
+
+
 def check_all_reduce(device: torch.device) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([dist.get_rank() + 1.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    # TODO: make `value`, a one-element tensor on `device` holding this rank's contribution, and sum it over all
+    #       ranks in place. Read: section 3 above; torch.distributed.get_rank and all_reduce in the torch docs.
+    raise NotImplementedError("fill in the TODO above")
     world_size = dist.get_world_size()
     assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 
 
 def setup(timeout: float) -> torch.device:
     """Join the process group that torchrun describes in the environment; return this process's device."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
-    return device
-
-
-def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
-    """This rank's shard of the training batches: 1/N of ``dataset``, reshuffled by set_epoch."""
-    # TODO: a DataLoader of `batch_size` molecules a batch, padded by `collate`, that draws from this process's own
-    #       shard of `dataset`, shuffled with `seed`. Read: section 1 above; torch.utils.data.distributed.DistributedSampler
-    #       and the `sampler` argument of torch.utils.data.DataLoader in the torch docs.
+    # TODO: this process's device: on a GPU node, the GPU its local rank names, made the current device; else
+    #       the CPU. Read: section 1 above (LOCAL_RANK); torch.cuda.set_device in the torch docs.
     raise NotImplementedError("fill in the TODO above")
-
-
-def replica_spread(model: torch.nn.Module) -> float:
-    """Largest difference between any rank's weights and rank 0's (0.0: all replicas agree)."""
-    mine = torch.nn.utils.parameters_to_vector(model.parameters()).detach()  # (P,)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, mine)
-    return max((w - everyone[0]).abs().max().item() for w in everyone)
+    # TODO: join the group with the backend for `device` (section 2 above), giving up on a peer after `timeout`
+    #       seconds; on a GPU, name the device too. Read: torch.distributed.init_process_group (backend, timeout,
+    #       device_id) in the torch docs.
+    raise NotImplementedError("fill in the TODO above")
+    return device
 
 
 @record  # a rank's error and traceback go into torchrun's failure summary
@@ -94,33 +84,28 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(cfg.seed)
         model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        report = Reporter(cfg, "step2_sampler", splits, model, world_size) if rank == 0 else None
+        report = Reporter(cfg, "step1_process_group", splits, model, world_size) if rank == 0 else None
 
         best = BestModel()
         for epoch in range(cfg.epochs):
-            # TODO: make this epoch's shuffle differ from the last one's (the same on every rank), before the loader
-            #       is read. Read: section 2 above.
-            raise NotImplementedError("fill in the TODO above")
             start = time.perf_counter()
             totals = train_epoch(model, train_loader, optimizer, device)
             seconds = time.perf_counter() - start
-            # TODO: turn `totals`, this rank's [summed loss, molecules], into the sums over all ranks, on every rank.
-            #       Read: notebook 01, section 3.
-            raise NotImplementedError("fill in the TODO above")
-            spread = replica_spread(model)  # every rank takes part in the all_gather
-            if rank == 0:  # rank 0 evaluates its own replica and reports
+            if rank == 0:  # every rank trained the same model on the same data: rank 0 alone evaluates, reports
                 dev_auc = evaluate(model, dev_loader, device)
                 best.update(epoch, dev_auc, model)
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
-                report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
+                report.epoch(epoch, loss, samples, seconds, dev_auc)
 
-        if rank == 0:  # one file for the whole job: rank 0's replica
+        if rank == 0:  # one file for the whole job, written by global rank 0
             best.restore(model)
             heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
             torch.save(model.state_dict(), cfg.out / "model.pt")
-            report.finish(best, evaluate(model, heldout_loader, device), replica_spread=spread)
+            report.finish(best, evaluate(model, heldout_loader, device))
     finally:
-        dist.destroy_process_group()  # always leave the group, even after an error
+        # TODO: leave the process group, whether the work above ended or raised. Read: "Shutdown" in the
+        #       torch.distributed docs.
+        raise NotImplementedError("fill in the TODO above")
 
 
 if __name__ == "__main__":

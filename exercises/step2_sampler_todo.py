@@ -1,23 +1,16 @@
-# Generated from notebooks/04a_patterns.ipynb by `python -m tools.build`: do not edit.
+# Generated from notebooks/02_distributed_sampler.ipynb by `python -m tools.build`: do not edit.
 # (and cells of notebooks/00_baseline.ipynb)
 # (and cells of notebooks/01_process_group.ipynb)
-# (and cells of notebooks/02_distributed_sampler.ipynb)
-# Edit the cells tagged script:step4_snapshots, then rebuild.
+# Edit the cells tagged script:step2_sampler, then rebuild.
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
-"""Step 4: snapshots; a run that was killed or interrupted resumes where it stopped.
+"""Step 2: DistributedSampler gives every rank its own shard of the data.
 
-Step 3 plus four calls of workshop_lib.checkpoint. After every epoch global
-rank 0 writes OUT/snapshot.pt atomically (model, optimizer, best model,
-history); a run that finds one resumes after its last epoch. Every epoch
-reseeds from (seed, epoch, rank), so a resumed run ends with the numbers of
-an uninterrupted one.
+Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
+1/N of the time. But nothing keeps the N models in step: each follows its
+own shard's gradients, and their weights drift apart (printed every epoch).
+Step 3 fixes that with DistributedDataParallel.
 
-    torchrun --nproc_per_node=2 solutions/step4_snapshots.py
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 --max-restarts=1 \
-        solutions/step4_snapshots.py
-
-The variable works around a restart bug of torchrun 2.13's shared store
-(docs/reference/restarts.md): with it, a restarted group joins afresh.
+    torchrun --nproc_per_node=2 solutions/step2_sampler.py
 """
 
 import os
@@ -28,10 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from workshop_lib import checkpoint
 from workshop_lib.config import parse_args
 from workshop_lib.data import collate, load_splits
 from workshop_lib.metrics import BestModel, evaluate
@@ -66,17 +57,21 @@ def setup(timeout: float) -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))  # one GPU per process on this node
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
     else:
         device = torch.device("cpu")
+    if device.type == "cuda":
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)
+    else:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
     return device
 
 
 def make_loader(dataset, batch_size: int, seed: int) -> DataLoader:
     """This rank's shard of the training batches: 1/N of ``dataset``, reshuffled by set_epoch."""
-    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+    # TODO: a DataLoader of `batch_size` molecules a batch, padded by `collate`, that draws from this process's own
+    #       shard of `dataset`, shuffled with `seed`. Read: section 1 above; torch.utils.data.distributed.DistributedSampler
+    #       and the `sampler` argument of torch.utils.data.DataLoader in the torch docs.
+    raise NotImplementedError("fill in the TODO above")
 
 
 def replica_spread(model: torch.nn.Module) -> float:
@@ -96,43 +91,36 @@ def main(argv: list[str] | None = None) -> None:
     print(f"rank {rank} of {world_size} on {device}", flush=True)  # every rank speaks
     try:
         check_all_reduce(device)
-        # TODO: the latest snapshot of --out (None if there is none), loaded on every rank before anything is
-        #       written: a snapshot of another run must stop the job before it touches --out. Read: the table above.
-        raise NotImplementedError("fill in the TODO above")
         train_loader = make_loader(splits.train, cfg.batch_size, cfg.seed)
         dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
         torch.manual_seed(cfg.seed)
         model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # backward() now averages
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        report = Reporter(cfg, "step4_snapshots", splits, model.module, world_size) if rank == 0 else None
+        report = Reporter(cfg, "step2_sampler", splits, model, world_size) if rank == 0 else None
 
         best = BestModel()
-        # TODO: resume: restore the plain model, the optimizer, `best` and `report` from `latest`; `first_epoch` is
-        #       the first epoch still to train. Read: the table above.
-        raise NotImplementedError("fill in the TODO above")
-        for epoch in range(first_epoch, cfg.epochs):
-            checkpoint.seed_epoch(cfg.seed, epoch, rank)  # the same dropout masks, restarted or not
-            train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        for epoch in range(cfg.epochs):
+            # TODO: make this epoch's shuffle differ from the last one's (the same on every rank), before the loader
+            #       is read. Read: section 2 above.
+            raise NotImplementedError("fill in the TODO above")
             start = time.perf_counter()
             totals = train_epoch(model, train_loader, optimizer, device)
             seconds = time.perf_counter() - start
-            dist.all_reduce(totals)  # summed over the ranks: the loss of the whole epoch, every molecule
+            # TODO: turn `totals`, this rank's [summed loss, molecules], into the sums over all ranks, on every rank.
+            #       Read: notebook 01, section 3.
+            raise NotImplementedError("fill in the TODO above")
             spread = replica_spread(model)  # every rank takes part in the all_gather
-            if rank == 0:  # rank 0 alone evaluates the plain model; the others go on to the next all-reduce
-                dev_auc = evaluate(model.module, dev_loader, device)
-                best.update(epoch, dev_auc, model.module)
+            if rank == 0:  # rank 0 evaluates its own replica and reports
+                dev_auc = evaluate(model, dev_loader, device)
+                best.update(epoch, dev_auc, model)
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
                 report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
-                # TODO: at the end of every epoch, on rank 0, save the snapshot. Read: the table above.
-                raise NotImplementedError("fill in the TODO above")
 
-        spread = replica_spread(model)  # again: a resumed run may have had no epoch left
-        if rank == 0:  # one file for the whole job, the plain model's weights
-            best.restore(model.module)
+        if rank == 0:  # one file for the whole job: rank 0's replica
+            best.restore(model)
             heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
-            torch.save(model.module.state_dict(), cfg.out / "model.pt")
-            report.finish(best, evaluate(model.module, heldout_loader, device), replica_spread=spread)
+            torch.save(model.state_dict(), cfg.out / "model.pt")
+            report.finish(best, evaluate(model, heldout_loader, device), replica_spread=spread)
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
 

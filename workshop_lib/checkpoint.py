@@ -1,28 +1,13 @@
 """What step 4's snapshots need besides the lesson: the refusal of another run's snapshot, and the run's history.
 
-The lesson stands in the step script, in plain torch: the dict of the model's
-and the optimizer's ``state_dict()`` and the epoch, written by global rank 0
-to a temporary file and moved onto ``OUT/snapshot.pt`` with ``os.replace``,
-loaded on every rank with ``torch.load(path, map_location=device,
-weights_only=True)``, and the epoch loop going on after the snapshot's epoch.
-
-This module adds the workshop's bookkeeping. :func:`to_resume` says which
-file to resume (``--resume``, else OUT/snapshot.pt, never with ``--fresh``).
-:func:`run_record` adds to the dict the run's fingerprint (every TrainConfig
-field that changes training, all but the run-only ones such as ``--out`` or
-``--epochs``, and the SHA-256 of the data file's content), the world size, the
-best model so far and the Reporter's history; :func:`refuse_another_run` stops
-a run with other settings with one line naming them and the ways out (``--out``
-elsewhere, or ``--fresh``), whether the old run was interrupted or finished;
-:func:`restore_history` puts the best model and the history back. A snapshot
-whose epochs are all trained means the run got as far as its final evaluation:
-the rerun evaluates it again, it never retrains.
-
-Resuming gives exactly the numbers of an uninterrupted run because nothing
-random depends on how the process got here: :func:`seed_epoch` reseeds every
-rank from (seed, epoch, rank) at each epoch start (dropout masks differ per
-rank, and must), and the sampler's shuffle follows ``set_epoch``. So the epoch
-is the RNG state a snapshot needs. Nothing here talks to the other ranks.
+The lesson stands in the step script, in plain torch: the dict of the epoch and the model's and the optimizer's
+``state_dict()``, written by global rank 0 to a temporary file and moved onto OUT/snapshot.pt with ``os.replace``,
+loaded on every rank with ``torch.load(path, map_location=device, weights_only=True)``, and the loop going on after
+the snapshot's epoch. Here: which file to resume (:func:`to_resume`), the run's fingerprint (every setting that
+changes training and the data file's SHA-256), world size, best model and history for the dict (:func:`run_record`),
+one line that refuses another run's snapshot (:func:`refuse_another_run`), and the history put back
+(:func:`restore_history`). :func:`seed_epoch` reseeds every rank from (seed, epoch, rank) at each epoch start, so
+the epoch is all the RNG state a snapshot needs. Nothing here talks to the other ranks.
 """
 
 from __future__ import annotations

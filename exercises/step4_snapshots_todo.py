@@ -6,11 +6,12 @@
 # ruff: noqa (exercise version: the TODOs leave names for you to define)
 """Step 4: snapshots; a run that was killed or interrupted resumes where it stopped.
 
-Step 3 plus four calls of workshop_lib.checkpoint. After every epoch global
-rank 0 writes OUT/snapshot.pt atomically (model, optimizer, best model,
-history); a run that finds one resumes after its last epoch. Every epoch
-reseeds from (seed, epoch, rank), so a resumed run ends with the numbers of
-an uninterrupted one.
+Step 3 plus a snapshot after every epoch: global rank 0 writes the epoch, the
+model's and the optimizer's state (and the workshop's record: settings, best
+model, history) to a temporary file, then moves it onto OUT/snapshot.pt with
+os.replace. A run that finds one loads it on every rank and goes on after its
+epoch. Every epoch reseeds from (seed, epoch, rank), so a resumed run ends
+with the numbers of an uninterrupted one.
 
     torchrun --nproc_per_node=2 solutions/step4_snapshots.py
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 --max-restarts=1 \
@@ -89,6 +90,13 @@ def replica_spread(model: torch.nn.Module) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def save_snapshot(snapshot: dict, path) -> None:
+    """Write ``snapshot`` to ``path`` so that a kill at any moment leaves the old file or the new one, never half."""
+    # TODO: torch.save `snapshot` so that `path` is always whole, the old snapshot or the new one: write a temporary
+    #       file in the same folder first, then put it in place in one step. Read: os.replace in Python's docs
+    raise NotImplementedError("fill in the TODO above")
+
+
 @record  # a rank's error and traceback go into torchrun's failure summary
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv, __doc__)
@@ -98,9 +106,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"rank {rank} of {world_size} on {device}", flush=True)  # every rank speaks
     try:
         check_all_reduce(device)
-        # TODO: the latest snapshot of --out (None if there is none), loaded on every rank before anything is
-        #       written: a snapshot of another run must stop the job before it touches --out. Read: the table above.
-        raise NotImplementedError("fill in the TODO above")
+        resume_from = checkpoint.to_resume(cfg, rank)  # --resume, else OUT/snapshot.pt if there is one; None: afresh
+        snapshot = None
+        if resume_from is not None:  # every rank reads it, before anything is written
+            # TODO: load the snapshot: its tensors onto this rank's device, and nothing unpickled but tensors and
+            #       plain containers. Read: torch.load in the torch docs (map_location, weights_only)
+            raise NotImplementedError("fill in the TODO above")
+            checkpoint.refuse_another_run(snapshot, resume_from, cfg, world_size)  # other settings: one line, stop
         train_loader = make_loader(splits.train, cfg.batch_size, cfg.seed)
         dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
         torch.manual_seed(cfg.seed)
@@ -110,9 +122,13 @@ def main(argv: list[str] | None = None) -> None:
         report = Reporter(cfg, "step4_snapshots", splits, model.module, world_size) if rank == 0 else None
 
         best = BestModel()
-        # TODO: resume: restore the plain model, the optimizer, `best` and `report` from `latest`; `first_epoch` is
-        #       the first epoch still to train. Read: the table above.
-        raise NotImplementedError("fill in the TODO above")
+        first_epoch = 0
+        if snapshot is not None:
+            # TODO: resume from the snapshot: its weights into the plain model, its state into the optimizer, and
+            #       first_epoch, the first epoch not yet trained. Read: the PyTorch recipe "Saving and loading a
+            #       general checkpoint in PyTorch" (pytorch.org/tutorials)
+            raise NotImplementedError("fill in the TODO above")
+            checkpoint.restore_history(snapshot, resume_from, best, report)  # the best model so far, the history
         for epoch in range(first_epoch, cfg.epochs):
             checkpoint.seed_epoch(cfg.seed, epoch, rank)  # the same dropout masks, restarted or not
             train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -126,8 +142,12 @@ def main(argv: list[str] | None = None) -> None:
                 best.update(epoch, dev_auc, model.module)
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
                 report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
-                # TODO: at the end of every epoch, on rank 0, save the snapshot. Read: the table above.
+                # TODO: this epoch's snapshot, a dict under the keys "epoch", "model" and "optimizer": the epoch, and
+                #       the state of the plain model and of the optimizer. Read: the recipe named above, its step
+                #       "Save the general checkpoint"
                 raise NotImplementedError("fill in the TODO above")
+                snapshot.update(checkpoint.run_record(best, report))  # this run's settings, the best model, the history
+                save_snapshot(snapshot, cfg.out / checkpoint.SNAPSHOT)  # rank 0 alone writes it
 
         spread = replica_spread(model)  # again: a resumed run may have had no epoch left
         if rank == 0:  # one file for the whole job, the plain model's weights

@@ -5,11 +5,12 @@
 # Edit the cells tagged script:step4_snapshots, then rebuild.
 """Step 4: snapshots; a run that was killed or interrupted resumes where it stopped.
 
-Step 3 plus four calls of workshop_lib.checkpoint. After every epoch global
-rank 0 writes OUT/snapshot.pt atomically (model, optimizer, best model,
-history); a run that finds one resumes after its last epoch. Every epoch
-reseeds from (seed, epoch, rank), so a resumed run ends with the numbers of
-an uninterrupted one.
+Step 3 plus a snapshot after every epoch: global rank 0 writes the epoch, the
+model's and the optimizer's state (and the workshop's record: settings, best
+model, history) to a temporary file, then moves it onto OUT/snapshot.pt with
+os.replace. A run that finds one loads it on every rank and goes on after its
+epoch. Every epoch reseeds from (seed, epoch, rank), so a resumed run ends
+with the numbers of an uninterrupted one.
 
     torchrun --nproc_per_node=2 solutions/step4_snapshots.py
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 --max-restarts=1 \
@@ -88,6 +89,13 @@ def replica_spread(model: torch.nn.Module) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def save_snapshot(snapshot: dict, path) -> None:
+    """Write ``snapshot`` to ``path`` so that a kill at any moment leaves the old file or the new one, never half."""
+    tmp = f"{path}.tmp"  # in the same folder: a rename within one file system
+    torch.save(snapshot, tmp)
+    os.replace(tmp, path)  # atomic: whoever opens path gets the old file or the new one
+
+
 @record  # a rank's error and traceback go into torchrun's failure summary
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_args(argv, __doc__)
@@ -97,7 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"rank {rank} of {world_size} on {device}", flush=True)  # every rank speaks
     try:
         check_all_reduce(device)
-        latest = checkpoint.load_latest(cfg, rank, world_size, len(splits.tokenizer))  # None: start afresh
+        resume_from = checkpoint.to_resume(cfg, rank)  # --resume, else OUT/snapshot.pt if there is one; None: afresh
+        snapshot = None
+        if resume_from is not None:  # every rank reads it, before anything is written
+            snapshot = torch.load(resume_from, map_location=device, weights_only=True)
+            checkpoint.refuse_another_run(snapshot, resume_from, cfg, world_size)  # other settings: one line, stop
         train_loader = make_loader(splits.train, cfg.batch_size, cfg.seed)
         dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
         torch.manual_seed(cfg.seed)
@@ -107,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
         report = Reporter(cfg, "step4_snapshots", splits, model.module, world_size) if rank == 0 else None
 
         best = BestModel()
-        first_epoch = checkpoint.restore(latest, model.module, optimizer, best, report)  # 0, or after the snapshot
+        first_epoch = 0
+        if snapshot is not None:
+            model.module.load_state_dict(snapshot["model"])
+            optimizer.load_state_dict(snapshot["optimizer"])
+            first_epoch = snapshot["epoch"] + 1  # the epoch after the last one finished
+            checkpoint.restore_history(snapshot, resume_from, best, report)  # the best model so far, the history
         for epoch in range(first_epoch, cfg.epochs):
             checkpoint.seed_epoch(cfg.seed, epoch, rank)  # the same dropout masks, restarted or not
             train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
@@ -121,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
                 best.update(epoch, dev_auc, model.module)
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
                 report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
-                checkpoint.save(cfg, epoch, model.module, optimizer, best, report)  # rank 0 alone writes it
+                snapshot = {"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+                snapshot.update(checkpoint.run_record(best, report))  # this run's settings, the best model, the history
+                save_snapshot(snapshot, cfg.out / checkpoint.SNAPSHOT)  # rank 0 alone writes it
 
         spread = replica_spread(model)  # again: a resumed run may have had no epoch left
         if rank == 0:  # one file for the whole job, the plain model's weights

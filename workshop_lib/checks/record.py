@@ -170,7 +170,9 @@ def _evaluate(rec: Recorder, model, loader, *args, **kw) -> None:
 
 
 def _path(f) -> str | None:
-    return str(f) if isinstance(f, str | os.PathLike) else None
+    """The file's path: given as one, or the name of an open file (None for a buffer)."""
+    name = f if isinstance(f, str | os.PathLike) else getattr(f, "name", None)
+    return str(name) if isinstance(name, str | os.PathLike) else None
 
 
 def _save(rec: Recorder, obj, f, *args, **kw) -> None:
@@ -178,8 +180,10 @@ def _save(rec: Recorder, obj, f, *args, **kw) -> None:
     rec.add("save", path=_path(f), keys=_keys(obj), rank=_rank(), epoch=epoch)
 
 
-def _load(rec: Recorder, f, *args, **kw) -> None:
-    rec.add("load", path=_path(f), rank=_rank())
+def _load(rec: Recorder, f, map_location=None, *args, **kw) -> None:
+    """A torch.load: the file, and the two arguments that decide where its tensors go and what it may unpickle."""
+    rec.add("load", path=_path(f), rank=_rank(), map_location=map_location is not None,
+            weights_only=kw.get("weights_only"))
 
 
 # What recording() observes: (owner, name, wrap(rec, original) -> an observer that calls through to the original).

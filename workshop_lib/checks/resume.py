@@ -3,6 +3,11 @@
 The script checker runs step 4 three times (:func:`workshop_lib.checks.script._items`): ``--epochs 2`` into OUT;
 ``--epochs 3`` into a copy of OUT (it must find the snapshot, train epoch 3 alone, and report all three); ``--epochs
 3`` into a fresh folder, the uninterrupted run whose figures the resumed one must end with.
+
+What the runs show decides: the file OUT holds after the first run (it loads with ``weights_only=True`` and holds the
+last epoch), the paths the learner's ``torch.save`` wrote (straight onto snapshot.pt, or a temporary file left
+behind), the arguments each rank gave ``torch.load`` in the resumed run, the epochs that run trained, and its figures
+against the uninterrupted run's. Only ``map_location`` is read from the call alone: on CPU it changes nothing.
 """
 
 from __future__ import annotations
@@ -10,33 +15,73 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import torch
+
+from workshop_lib import checkpoint
 from workshop_lib.checks import rules
-from workshop_lib.checks.events import _of, passes
+from workshop_lib.checks.events import _at, _of, passes
 from workshop_lib.checks.runner import Run
-from workshop_lib.errors import WorkshopError
+from workshop_lib.errors import first_line
 
 EPOCHS = 3  # the resumed run's --epochs (the first run has the checker's 2)
 FIGURES = ("train_loss", "dev_roc_auc", "replica_spread")  # what must match; seconds and speeds may not
 PASSED = f"a second run (--epochs {EPOCHS} into the same --out) resumed at epoch {EPOCHS} and ended with the figures " \
          f"of an uninterrupted {EPOCHS}-epoch run"
+SNAPSHOT = checkpoint.SNAPSHOT
 
 
 def snapshot_mistake(out: Path, epochs: int) -> str | None:
-    """After a run of ``epochs`` epochs, OUT/snapshot.pt must hold the last one."""
-    from workshop_lib import checkpoint
-
-    path = Path(out) / checkpoint.SNAPSHOT
+    """After a run of ``epochs`` epochs, OUT/snapshot.pt must load safely and hold the last one."""
+    path = Path(out) / SNAPSHOT
     if not path.is_file():
-        return (f"no {checkpoint.SNAPSHOT} in --out after the run: call checkpoint.save(...) at the end of every "
-                f"epoch, on global rank 0")
+        return f"no {SNAPSHOT} in --out after the run: at the end of every epoch, global rank 0 writes it there"
     try:
-        epoch = checkpoint.read(path)["epoch"]
-    except WorkshopError as err:
-        return str(err)
-    except SystemExit as err:  # InputError: a file that is not a snapshot
-        return str(getattr(err, "message", err))
-    if epoch != epochs - 1:
-        return f"the snapshot holds epoch {epoch + 1} of {epochs}: save at the end of every epoch, with that epoch's number"
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # whatever the learner saved: one line
+        return (f"{SNAPSHOT} does not load with torch.load(weights_only=True) ({first_line(err, 120)}): save state "
+                f"dicts, numbers and plain containers only")
+    missing = [k for k in checkpoint.LESSON if not isinstance(snap, dict) or k not in snap]
+    if missing:
+        return (f"the snapshot has no {', '.join(map(repr, missing))}: save a dict under the keys "
+                f"{', '.join(map(repr, checkpoint.LESSON))}")
+    if snap["epoch"] != epochs - 1:
+        return (f"the snapshot holds epoch {snap['epoch'] + 1} of {epochs}: save at the end of every epoch, with that "
+                f"epoch's number")
+    return None
+
+
+def writing_mistake(case: rules.Case, out: Path) -> str | None:
+    """From what rank 0's torch.save wrote: the snapshot written in place, or a temporary file left in --out."""
+    saves = [s for s in _of(case.ranks.get(0, []), "save") if s.get("path") and Path(s["path"]).name != "model.pt"]
+    in_place = next((s for s in saves if Path(s["path"]).name == SNAPSHOT), None)
+    if in_place is not None:
+        return (f"rank 0 wrote {SNAPSHOT} with torch.save straight into place{_at(in_place)}: a kill during the write "
+                f"leaves half a file, which the next run cannot load; write a temporary file in the same folder, then "
+                f"os.replace it onto {SNAPSHOT}")
+    left = sorted({Path(s["path"]).name for s in saves} & {p.name for p in Path(out).iterdir()})
+    if left:
+        return (f"the temporary file {left[0]} is still in --out after the run: move it onto {SNAPSHOT} with "
+                f"os.replace, one atomic rename (a copy writes the file again, and a kill during it leaves half a file)")
+    return None
+
+
+def loading_mistake(resumed: Run) -> str | None:
+    """From the resumed run's torch.load calls of the snapshot: weights_only=True, and a map_location."""
+    for rank, events in sorted(resumed.ranks.items()):
+        for load in _of(events, "load"):
+            if not load.get("path") or Path(load["path"]).name != SNAPSHOT:
+                continue
+            said = f"rank {rank} loaded {SNAPSHOT}"
+            if load.get("weights_only") is False:
+                return (f"{said} with weights_only=False{_at(load)}: unpickling may then run any code the file holds; "
+                        f"pass weights_only=True (a snapshot is tensors and plain containers)")
+            if load.get("weights_only") is None:
+                return (f"{said} without weights_only=True{_at(load)}: torch 2.13 defaults to it, but with "
+                        f"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 set, or on a torch before 2.6, it unpickles anything, "
+                        f"code included; pass weights_only=True")
+            if not load.get("map_location"):
+                return (f"{said} without map_location{_at(load)}: on GPUs torch.load puts every tensor back on the "
+                        f"device that saved it, cuda:0, on every rank; pass this rank's device")
     return None
 
 
@@ -56,9 +101,20 @@ def _differ(resumed: list[dict], whole: list[dict]) -> str | None:
     return None
 
 
+def _epochs_mistake(resumed: Run, first: int) -> str | None:
+    trained = _trained(resumed)
+    if trained == list(range(first, EPOCHS)):
+        return None
+    shown = ", ".join(str(e + 1) for e in trained) or "none"
+    what = f"the second run (--epochs {EPOCHS} into the same --out) trained epoch(s) {shown}, not epoch {EPOCHS} alone"
+    if not any(_of(events, "load") for events in resumed.ranks.values()):
+        return f"{what}: no rank loaded {SNAPSHOT} (torch.load) when the run started"
+    return f"{what}: after loading the snapshot, start the loop at the epoch after the snapshot's"
+
+
 def mistake(case: rules.Case, later: list[Run], work: Path) -> str | None:
     """The first thing wrong with the snapshot or the resume, as one line; None when it continues exactly."""
-    found = snapshot_mistake(work / "out", case.epochs)
+    found = snapshot_mistake(work / "out", case.epochs) or writing_mistake(case, work / "out")
     if found:
         return found
     resumed, whole = later
@@ -68,18 +124,15 @@ def mistake(case: rules.Case, later: list[Run], work: Path) -> str | None:
         message = rules.first_mistake(other)
         if message:
             return f"{what}: {message}"
-    trained = _trained(resumed)
-    if trained != list(range(case.epochs, EPOCHS)):
-        shown = ", ".join(str(e + 1) for e in trained) or "none"
-        return (f"the second run (--epochs {EPOCHS} into the same --out) trained epoch(s) {shown}, not epoch "
-                f"{EPOCHS} alone: start the loop at the epoch checkpoint.restore returns "
-                f"(for epoch in range(first_epoch, cfg.epochs))")
+    found = loading_mistake(resumed) or _epochs_mistake(resumed, case.epochs)
+    if found:
+        return found
     got, want = ((rules.read_metrics(work / run) or {}).get("history", []) for run in ("resumed", "whole"))
     if len(got) != len(want):
-        return (f"after resuming, metrics.json holds {len(got)} epochs, the uninterrupted run's {len(want)}: restore "
-                f"the report too (checkpoint.restore(latest, model.module, optimizer, best, report))")
+        return (f"after resuming, metrics.json holds {len(got)} epochs, the uninterrupted run's {len(want)}: keep the "
+                f"given checkpoint.restore_history line, which puts the history back")
     differ = _differ(got, want)
     if differ:
-        return (f"after resuming, {differ}: restore the model and the optimizer from the snapshot "
-                f"(checkpoint.restore) and reseed every epoch (checkpoint.seed_epoch)")
+        return (f"after resuming, {differ}: load the model's and the optimizer's state from the snapshot, and keep "
+                f"the reseed at the start of every epoch (checkpoint.seed_epoch)")
     return None

@@ -112,10 +112,6 @@ def saving(case: Case) -> str | None:
         if any(k.startswith("module.") for k in keys):
             return (f"rank {rank} saved the DDP wrapper's weights{_at(saves[rank][0])}: their keys start with 'module.' "
                     f"({keys[0]}); save model.module.state_dict(), the plain model's")
-    snapshots = sorted(r for r, ev in case.ranks.items() if r != 0 and any(not s.get("path") for s in _of(ev, "save")))
-    if snapshots:
-        return (f"rank {snapshots[0]} wrote a snapshot too{_at(_of(case.ranks[snapshots[0]], 'save')[0])}: "
-                f"checkpoint.save on global rank 0 only")
     if not savers:
         return "nothing was saved with torch.save: rank 0 saves the model's weights to cfg.out / 'model.pt'"
     return None

@@ -3,7 +3,8 @@
 Every script below runs in one call of the checker (one pair of rank processes, a fresh pair after a run it
 had to stop), once per test module. The families are issue 25's: a wrapped model DDP never synchronises,
 sharding judged by what was read, a rank that leaves early, a second DistributedSampler on the dev loader,
-step 4 restarting at epoch 0, reduce for all_reduce and a missing barrier.
+step 4 restarting at epoch 0 (and writing its snapshot in place, loading it without weights_only or
+map_location), reduce for all_reduce and a missing barrier.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ TOTALS = "            dist.all_reduce(totals)  # summed over the ranks: the loss
 REPORTED = "                report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)\n"
 SAVE = '            torch.save(model.module.state_dict(), cfg.out / "model.pt")\n'
 FINISH = "            report.finish(best, evaluate(model.module, heldout_loader, device), replica_spread=spread)\n"
-SNAPSHOT = "                checkpoint.save(cfg, epoch, model.module, optimizer, best, report)  # rank 0 alone writes it\n"
+SNAPSHOT = "                save_snapshot(snapshot, cfg.out / checkpoint.SNAPSHOT)  # rank 0 alone writes it\n"
+ATOMIC = ('    tmp = f"{path}.tmp"  # in the same folder: a rename within one file system\n    torch.save(snapshot, tmp)\n'
+          "    os.replace(tmp, path)  # atomic: whoever opens path gets the old file or the new one\n")
+LOAD = "snapshot = torch.load(resume_from, map_location=device, weights_only=True)"
 EARLY = "                if dev_auc > 0.5:  # good enough: stop early\n                    break\n"
 
 # (name, script, [(text in the solution, what replaces it[, "all"])], what the checker's line must say)
@@ -90,9 +94,21 @@ MISTAKES = [
                              "splits.dev, shuffle=False), collate_fn=collate)")],
      "rank 0 evaluated 18 of the 36 dev molecules in epoch 1: the dev loader has a DistributedSampler (line "
      "<<dev_loader = >>)"),
-    # 5. Step 4 restarting its loop at epoch 0 on resume.
+    # 5. Step 4: the loop restarting at epoch 0 on resume; the snapshot written in place; loaded without weights_only
+    #    or map_location. Judged from the run: the epochs trained, the paths torch.save wrote, torch.load's arguments.
     ("resume_from_epoch_0", STEP4, [("for epoch in range(first_epoch, cfg.epochs):", "for epoch in range(cfg.epochs):")],
-     "the second run (--epochs 3 into the same --out) trained epoch(s) 1, 2, 3, not epoch 3 alone"),
+     "the second run (--epochs 3 into the same --out) trained epoch(s) 1, 2, 3, not epoch 3 alone: after loading the "
+     "snapshot, start the loop at the epoch after the snapshot's"),
+    ("snapshot_written_in_place", STEP4, [(ATOMIC, "    torch.save(snapshot, path)  # straight onto snapshot.pt\n")],
+     "rank 0 wrote snapshot.pt with torch.save straight into place (line <<torch.save(snapshot, path)>>): a kill during "
+     "the write leaves half a file, which the next run cannot load; write a temporary file in the same folder, then "
+     "os.replace it onto snapshot.pt"),
+    ("load_without_weights_only", STEP4, [(LOAD, LOAD.replace(", weights_only=True", ""))],
+     "rank 0 loaded snapshot.pt without weights_only=True (line <<snapshot = torch.load(>>): torch 2.13 defaults to "
+     "it, but with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 set, or on a torch before 2.6, it unpickles anything"),
+    ("load_without_map_location", STEP4, [(LOAD, LOAD.replace(" map_location=device,", ""))],
+     "rank 0 loaded snapshot.pt without map_location (line <<snapshot = torch.load(>>): on GPUs torch.load puts every "
+     "tensor back on the device that saved it"),
     # 6. reduce where every rank uses the value; every rank loading the file rank 0 has just saved.
     ("reduce_for_all_reduce", STEP3,
      [(TOTALS, "            dist.reduce(totals, dst=0)  # summed on rank 0\n            if totals[0].item() / "
@@ -136,10 +152,7 @@ MISTAKES = [
      "the totals were all-reduced with op=MAX (line <<dist.all_reduce(totals>>)"),
     ("loss_of_rank_0", STEP3, [(TOTALS, "")], "is rank 0's molecules alone: all_reduce the [loss sum, molecules]"),
     ("snapshot_never_saved", STEP4, [(SNAPSHOT, "")], "no snapshot.pt in --out after the run"),
-    ("snapshot_of_the_wrong_epoch", STEP4,
-     [(SNAPSHOT, ""), ("        spread = replica_spread(model)  # again", "        if rank == 0:\n            "
-                       "checkpoint.save(cfg, 0, model.module, optimizer, best, report)\n        spread = "
-                       "replica_spread(model)  # again")],
+    ("snapshot_of_the_wrong_epoch", STEP4, [('snapshot = {"epoch": epoch,', 'snapshot = {"epoch": 0,')],
      "the snapshot holds epoch 1 of 2: save at the end of every epoch"),
     # What the CPU run cannot show, on a made-up node with 2 GPUs:
     ("device_from_the_global_rank", STEP1, [('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])')],
@@ -176,8 +189,13 @@ ACCEPTED = [
     ("init_without_timeout", STEP1, [(CPU_INIT, '        dist.init_process_group("gloo")\n')]),
     ("init_without_device_id", STEP1, [(", device_id=device)", ")")]),
     ("find_unused_parameters", STEP3, [("DDP(model, device_ids=", "DDP(model, find_unused_parameters=True, device_ids=")]),
-    ("snapshot_every_epoch_optimizer_first", STEP4, [(WRAP, ""), ("        report = Reporter(",
-                                                                   WRAP + "        report = Reporter(")]),
+    # step 4 with the optimizer built before the wrap, the snapshot written through a file object and renamed with
+    # os.rename (atomic on POSIX too), and loaded onto the CPU
+    ("snapshot_optimizer_first_file_object_rename_cpu", STEP4,
+     [(WRAP, ""), ("        report = Reporter(", WRAP + "        report = Reporter("),
+      (ATOMIC, '    with open(f"{path}.tmp", "wb") as f:\n        torch.save(snapshot, f)\n'
+               '    os.rename(f"{path}.tmp", path)\n'),
+      ("map_location=device", 'map_location="cpu"')]),
 ]
 
 

@@ -120,7 +120,7 @@ MISTAKES = [
                         "from the best model\n")],
      "rank 1 loaded model.pt (line <<torch.load(>>) "),
     # The mistakes the checker named before, in the new scripts' text.
-    ("never_initialised", STEP1, [(CPU_INIT, "")],
+    ("never_initialised", STEP1, [(CPU_INIT, "        pass  # never joins\n")],
      "rank 0 used the process group before joining it (torch: Default process group has not been initialized)"),
     ("never_destroyed", STEP1, [(DESTROY, "        pass\n")], "rank 0 never called dist.destroy_process_group"),
     ("destroy_not_in_finally", STEP1, [("    finally:\n" + DESTROY, "    finally:\n        pass\n    "

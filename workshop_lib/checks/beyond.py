@@ -243,3 +243,25 @@ def resume(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
                           "too, get_state_dict(model, optimizer) before dcp.load and set_state_dict after it")
     _passed(f"1 process resumed what {nprocs} ranks saved: {len(weights)} weights and AdamW's moments equal, "
             f"bit for bit")
+
+
+def main() -> None:
+    """One compiled DDP step of :class:`MLP` on each rank, under torchrun: ``TORCH_LOGS=ddp_graphs`` shows the split.
+
+        TORCH_LOGS=ddp_graphs torchrun --standalone --nproc_per_node=2 -m workshop_lib.checks.beyond
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    try:
+        model = MLP()
+        model.compile(backend="aot_eager")
+        model = DDP(model, bucket_cap_mb=1)
+        F.binary_cross_entropy_with_logits(model(torch.randn(8, 512)), torch.ones(8, 1)).backward()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -164,7 +164,8 @@ def fsdp(shard: Callable, evaluate_and_save: Callable, nprocs: int = 2, timeout:
              "(which waits for the others)")
     try:
         ranks = run_forked(_sharded, nprocs, shard, evaluate_and_save, path, timeout=timeout, hang_after=3,
-                           fix="under FSDP every rank must run the forward (it all-gathers the weights)")
+                           name="evaluate_and_save", fix="under FSDP every rank must run the forward (it all-gathers "
+                                                         "the weights)")
     except CheckFailed:
         ran = [r for r in range(nprocs) if Path(path).with_name(f"forward{r}").exists()]
         if ran and len(ran) < nprocs:

@@ -1,0 +1,112 @@
+"""Notebook 06's exercises: each solution passes its check, and each classic mistake is named in one line."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from workshop_lib.checks import beyond
+from workshop_lib.checks.common import CheckFailed
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def compile_inner(model, backend, bucket_cap_mb):
+    model.compile(backend=backend)
+    return DDP(model, bucket_cap_mb=bucket_cap_mb)
+
+
+def compile_wrapper(model, backend, bucket_cap_mb):
+    return torch.compile(DDP(model, bucket_cap_mb=bucket_cap_mb), backend=backend)
+
+
+def shard_blocks(model, mesh):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in (model.forward_lstm, model.backward_lstm, model.head):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def make_evaluate(everyone=True, gather=True):
+    def evaluate_and_save(model, tokens, lengths, path):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        logits = None
+        if everyone or dist.get_rank() == 0:
+            with torch.no_grad():
+                logits = model(tokens, lengths)
+        state = (get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                 if gather else model.state_dict())
+        if dist.get_rank() == 0:
+            torch.save(state, path)
+        return logits
+    return evaluate_and_save
+
+
+def make_resume(optimizer_too=True, uses_rank=False):
+    def resume(path):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        from workshop_lib.model import SmilesLSTM
+
+        if uses_rank:
+            print(dist.get_rank())
+        torch.manual_seed(1)
+        model = SmilesLSTM(12, 8, 8, 1, 0.0)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state} if optimizer_too else {"model": model_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"] if optimizer_too else optimizer.state_dict())
+        return model, optimizer
+    return resume
+
+
+def test_compile_solution_passes(capsys):
+    beyond.compiled_ddp(compile_inner)
+    assert f"{beyond.MLP_BUCKETS} graphs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("fn", "line"), [
+    (compile_wrapper, "you compiled the DDP wrapper"),
+])
+def test_compile_mistakes_named(fn, line):
+    with pytest.raises(CheckFailed, match=line):
+        beyond.compiled_ddp(fn)
+
+
+def test_fsdp_solution_passes(capsys):
+    beyond.fsdp(shard_blocks, make_evaluate())
+    assert "4 fully_shard units" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("shard", "evaluate", "line"), [
+    (shard_blocks, make_evaluate(everyone=False), "not on rank 0 alone"),
+    (shard_blocks, make_evaluate(gather=False), "the file holds DTensors"),
+])
+def test_fsdp_mistakes_named(shard, evaluate, line):
+    start = time.monotonic()
+    with pytest.raises(CheckFailed, match=line):
+        beyond.fsdp(shard, evaluate)
+    assert time.monotonic() - start < 30  # rank 0 alone in a collective ends in bounded time
+
+
+def test_resume_solution_passes(capsys):
+    beyond.resume(make_resume())
+    assert "bit for bit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("fn", "line"), [
+    (make_resume(optimizer_too=False), "the optimizer's state does not"),
+    (make_resume(uses_rank=True), "there is none here"),
+])
+def test_resume_mistakes_named(fn, line):
+    with pytest.raises(CheckFailed, match=line):
+        beyond.resume(fn)

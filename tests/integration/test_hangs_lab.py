@@ -89,7 +89,8 @@ def test_the_unused_parameter_lab_fails_with_ddps_whole_error(capsys, monkeypatc
     assert all(code.startswith("loss = F.binary_cross_entropy") for _, code, _ in run.raised.values()), run.raised
     # whole, not cut to its first line: torch's hint and the parameters' indices are read
     assert "find_unused_parameters=True" in out and "Parameter indices which did not receive grad for rank 0: 13 14" in out
-    assert "TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL" in out
+    assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" in out  # under DEBUG=INFO, as 05 says
+    assert "aux.bias` and `aux.weight`" in _squeeze(notebook_text("nb05-58"))
     assert 'File "torch/nn/parallel/distributed.py", line ' in out  # torch's own traceback, from train() down
     hang_labs.check(run, {0: ("forward", 17), 1: ("forward", 17)})
 

@@ -41,6 +41,7 @@ BATCH = {"hanglab1": 32, "hanglab2": 16, "hanglab3": 32, "hanglab4": 48, "hangla
 # The labs whose broken run has no watch: the group's timeout (s) ends it, and the learner reads torch's error; the
 # terminal run (lab 3) has the same timeout, torch's error coming this long into the hang.
 TORCH_SPEAKS, RAW_TIMEOUT = {"hanglab1"}, 3.0
+DEBUG = {"hanglab5": "INFO"}  # TORCH_DISTRIBUTED_DEBUG for a lab's broken run: torch's error then names more
 TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
 
 
@@ -92,12 +93,15 @@ def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callabl
     return namespace
 
 
-def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
+def _rank(env, train: Callable, cfg: TrainConfig, debug: str | None = None) -> dict:
     """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    if debug:  # what TORCH_DISTRIBUTED_DEBUG=debug in the job's environment sets
+        dist.set_debug_level(getattr(dist.DebugLevel, debug))
 
     steps, params, wrapper, find_unused = [], [], [], []
 
@@ -150,11 +154,12 @@ def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Calla
     train = load(_lab(name), broken, notebook, edit)["train"]
     cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
     started, speaks = time.time(), RAW_TIMEOUT if broken and name in TORCH_SPEAKS else None
+    debug = DEBUG.get(name) if broken else None
     tries = (None,) if speaks else (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,)
     for hang_after in tries:
         try:
             return Run(name, started=started, results=notebook_launch(
-                _rank, 2, train, cfg, timeout=TIMEOUT, hang_after=hang_after, group_timeout=speaks))
+                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=hang_after, group_timeout=speaks))
         except HangError as err:
             run = Run(name, record=hangreport.load(err.record), started=started)
             if not broken or deadlocked(run.record):
@@ -191,8 +196,7 @@ def tracebacks(text: str) -> tuple[dict[int, tuple[int, str, tuple[str, ...]]], 
     parts = _SECTION.split(text)
     for rank, body in zip(parts[1::2], parts[2::2], strict=True):
         body = body.split("\n===== ", 1)[0]
-        frames = list(_TRAIN_FRAME.finditer(body))
-        if not frames:
+        if not (frames := list(_TRAIN_FRAME.finditer(body))):
             continue
         line, error = int(frames[-1].group(1)), _ERROR_LINE.search(body, frames[-1].end())
         below = body[frames[-1].start():error.start() if error else len(body)]
@@ -235,12 +239,9 @@ def terminal_command(name: str, timeout: float = 60.0, watch: bool = False) -> s
 def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
     """Each rank's last line of ``script`` in its traceback (two lines: where, and the code) and its error line."""
     said: dict[int, list[str]] = {}
-    prefix = re.compile(r"^\[rank(\d+)\]:(.*)$")
     by_rank: dict[int, list[str]] = {}
-    for line in lines:
-        m = prefix.match(line.rstrip("\n"))
-        if m:
-            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    for m in filter(None, (re.match(r"^\[rank(\d+)\]:(.*)$", line.rstrip("\n")) for line in lines)):
+        by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
     for rank, text in sorted(by_rank.items()):
         where = [i for i, x in enumerate(text) if x.strip().startswith("File ") and script in x]
         error = [x for x in text if _ERROR_LINE.match(x.strip())]

@@ -46,8 +46,8 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
     dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
     torch.manual_seed(cfg.seed)
     model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
-    model.aux = torch.nn.Linear(2 * cfg.hidden, 1)
     model = DDP(model.to(device))
+    model.module.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
         loader.sampler.set_epoch(epoch)

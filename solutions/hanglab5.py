@@ -46,7 +46,7 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
     dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
     torch.manual_seed(cfg.seed)
     model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
-    model.aux = torch.nn.Linear(2 * cfg.hidden, 1).requires_grad_(False)  # frozen until a loss uses it
+    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train
     model = DDP(model.to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):

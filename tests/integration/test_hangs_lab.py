@@ -29,8 +29,9 @@ HANGS = {
     "hanglab3": {0: ("all_reduce", 23), 1: ("all_reduce", 23)},
     "hanglab4": {0: ("broadcast", 26), 1: ("all_gather", 29)},
 }
-AUX = "    model.aux = torch.nn.Linear(2 * cfg.hidden, 1).requires_grad_(False)  # frozen until a loss uses it\n"
-UNFROZEN = "    model.aux = torch.nn.Linear(2 * cfg.hidden, 1)\n"
+FROZEN = "    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train\n"
+WRAP = "    model = DDP(model.to(device))\n"
+FROZEN_LATE = WRAP + FROZEN.replace("model.embed", "model.module.embed")  # the bug: frozen after the wrap
 
 
 def notebook_text(cell_id: str) -> str:
@@ -88,9 +89,9 @@ def test_the_unused_parameter_lab_fails_with_ddps_whole_error(capsys, monkeypatc
     assert not run.record and set(run.raised) == {0, 1}, out
     assert all(code.startswith("loss = F.binary_cross_entropy") for _, code, _ in run.raised.values()), run.raised
     # whole, not cut to its first line: torch's hint and the parameters' indices are read
-    assert "find_unused_parameters=True" in out and "Parameter indices which did not receive grad for rank 0: 13 14" in out
-    assert "Parameters which did not receive grad for rank 0: aux.bias, aux.weight" in out  # under DEBUG=INFO, as 05 says
-    assert "aux.bias` and `aux.weight`" in _squeeze(notebook_text("nb05-58"))
+    assert "find_unused_parameters=True" in out and "Parameter indices which did not receive grad for rank 0: 0" in out
+    assert "Parameters which did not receive grad for rank 0: embed.weight" in out  # under DEBUG=INFO, as 05 says
+    assert "names the parameter that got no gradient, `embed.weight`" in _squeeze(notebook_text("nb05-58"))
     assert 'File "torch/nn/parallel/distributed.py", line ' in out  # torch's own traceback, from train() down
     hang_labs.check(run, {0: ("forward", 17), 1: ("forward", 17)})
 
@@ -128,8 +129,8 @@ def both(*edits):
 
 
 WRONG_FIXES = {
-    # the error is gone, and so is the averaging: no_sync() skips the reduction that the unused head stalled
-    "replicas differ": ("hanglab5", both(swap((AUX, UNFROZEN)), inside("model.no_sync()"))),
+    # the error is gone, and so is the averaging: no_sync() skips the reduction that the frozen embedding stalled
+    "replicas differ": ("hanglab5", both(swap((FROZEN + WRAP, FROZEN_LATE)), inside("model.no_sync()"))),
     # uneven shares kept, and join() lets the rank that runs out shadow the other's all-reduces: it ends
     "steps differ": ("hanglab2", both(swap(
         ("train_set = splits.train  # to train on",
@@ -173,12 +174,12 @@ def test_a_wrong_fix_is_named_in_one_line(mistake, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fix", "costly"), [
-    (swap((AUX, "")), False),  # the head removed: free
-    (swap((AUX, UNFROZEN), ("model = DDP(model.to(device))",  # the head kept, found unused in every step
-                            "model = DDP(model.to(device), find_unused_parameters=True)")), True),
-], ids=["removed", "find_unused_parameters"])
-def test_the_unused_head_lab_accepts_the_free_fixes_and_names_the_cost_of_the_other(fix, costly, capsys):
-    hang_labs.check_fix("hanglab5", edit=fix)  # the solution itself, frozen, is the notebook's
+    (swap((FROZEN, "")), False),  # nothing frozen: free
+    (swap((FROZEN + WRAP, FROZEN_LATE.replace("DDP(model.to(device))",  # frozen late, found unused in every step
+                                              "DDP(model.to(device), find_unused_parameters=True)"))), True),
+], ids=["not frozen", "find_unused_parameters"])
+def test_the_frozen_late_lab_accepts_the_free_fixes_and_names_the_cost_of_the_other(fix, costly, capsys):
+    hang_labs.check_fix("hanglab5", edit=fix)  # the solution itself, frozen before the wrap, is the notebook's
     said = capsys.readouterr().out.strip().splitlines()[-1]
     assert said.startswith("✓ both ranks ran 6 optimizer steps") and ("find_unused_parameters=True pays" in said) == costly
 

@@ -233,7 +233,7 @@ def verdict(run: Run) -> tuple[bool, str]:
     said = f"both ranks ran {steps[0]} optimizer steps, and their replicas are equal (spread 0): it trains correctly"
     if any(r.get("find_unused") for r in run.results):
         said += ("; find_unused_parameters=True pays in every step (a walk of the autograd graph and one more "
-                 "all-reduce), where freezing or removing a part that no loss uses is free")
+                 "all-reduce), where freezing a part before DDP wraps the model, or removing it, is free")
     return True, said
 
 

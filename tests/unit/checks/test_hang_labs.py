@@ -163,8 +163,8 @@ def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
     (ran(), True, "both ranks ran 6 optimizer steps, and their replicas are equal (spread 0): it trains correctly"),
     (ran(find_unused=True), True, "both ranks ran 6 optimizer steps, and their replicas are equal (spread 0): it "
                                   "trains correctly; find_unused_parameters=True pays in every step (a walk of the "
-                                  "autograd graph and one more all-reduce), where freezing or removing a part that no "
-                                  "loss uses is free"),
+                                  "autograd graph and one more all-reduce), where freezing a part before DDP wraps the "
+                                  "model, or removing it, is free"),
     (SKIPPED, False, "it still hangs: rank 0 waits in all_gather #2 ..."),
     (Run("lab", timed_out=True), False, "it did not end within 60 s: a rank waits for one that never comes"),
     (Run("lab", errors={1: "RuntimeError: Expected to have finished reduction"}), False,

@@ -60,11 +60,14 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
             optimizer.step()
             steps, total = steps + 1, total + loss.item()
         spread = replica_spread(model, world_size)  # the replicas' largest difference
-        epoch_loss = torch.tensor([total / steps, steps] if rank == 0 else [total / steps], device=device)
-        dist.all_reduce(epoch_loss)  # summed over the ranks
+        stats = [total / steps]  # this rank's mean training loss
         if rank == 0:
-            dev_auc = evaluate(model.module, dev_loader, device)
-            print(f"epoch {epoch + 1}: {steps} steps, loss {epoch_loss.item() / world_size:.4f}, "
+            stats.append(evaluate(model.module, dev_loader, device))  # and the dev ROC AUC, rank 0's alone
+        epoch_stats = torch.tensor(stats, device=device)
+        dist.all_reduce(epoch_stats)  # summed over the ranks, both numbers in one message
+        if rank == 0:
+            loss, dev_auc = epoch_stats[0].item() / world_size, epoch_stats[1].item()
+            print(f"epoch {epoch + 1}: {steps} steps, loss {loss:.4f}, "
                   f"dev ROC AUC {dev_auc:.4f}, replica spread {spread:g}")
     spread = replica_spread(model, world_size)
     if rank == 0:

@@ -63,8 +63,8 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
         epoch_loss = torch.tensor([total / steps], device=device)  # (1,) this rank's mean training loss
         dist.all_reduce(epoch_loss)  # summed over the ranks
         if rank == 0:
-            dev_auc = evaluate(model.module, dev_loader, device)
-            print(f"epoch {epoch + 1}: {steps} steps, loss {epoch_loss.item() / world_size:.4f}, "
+            loss, dev_auc = epoch_loss.item() / world_size, evaluate(model.module, dev_loader, device)
+            print(f"epoch {epoch + 1}: {steps} steps, loss {loss:.4f}, "
                   f"dev ROC AUC {dev_auc:.4f}, replica spread {spread:g}")
     spread = replica_spread(model, world_size)
     if rank == 0:

@@ -26,7 +26,7 @@ from workshop_lib.lab.launch import LaunchError, torchrun
 HANGS = {
     "hanglab1": {0: ("all_reduce", 24), 1: ("all_gather", 26)},
     "hanglab2": {0: ("backward", 19), 1: ("all_gather", 22)},
-    "hanglab3": {0: ("all_reduce", 23), 1: ("all_reduce", 23)},
+    "hanglab3": {0: ("all_reduce", 26), 1: ("all_reduce", 26)},
     "hanglab4": {0: ("broadcast", 26), 1: ("all_gather", 29)},
 }
 FROZEN = "    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train\n"
@@ -41,13 +41,14 @@ def notebook_text(cell_id: str) -> str:
 
 @pytest.mark.parametrize("name", list(hang_labs.BATCH))
 def test_each_labs_exercise_script_is_its_solution_with_the_bug_put_back(name):
-    """The learner gets the broken code and no hint; the solution has the fix in its place."""
+    """The learner gets the broken code and no hint (no comment that names it); the solution has the fix in its place."""
     solution = (build.SOLUTIONS / f"{name}.py").read_text().splitlines()[2:]
     exercise = (build.EXERCISES / f"{name}.py").read_text().splitlines()[2:]
     changed = [line for line in difflib.ndiff(solution, exercise) if line[:2] in ("- ", "+ ")]
-    assert 1 <= sum(line[0] == "-" for line in changed) <= 2 and sum(line[0] == "+" for line in changed) == 1, changed
+    added = [line[2:] for line in changed if line.startswith("+ ")]
+    assert added and len(changed) <= 12, changed  # the bug, a few lines of one place
     assert not re.search(r"TODO|NotImplementedError|BROKEN", "\n".join(exercise))
-    assert not re.search(r"#.*\b(only rank|rank 0 (logs|prints)|every rank takes part)", changed[-1]), changed
+    assert not [x for x in added if re.search(r"#.*\b(only rank|rank 0 (logs|prints)|every rank takes part)", x)], added
     compile("\n".join(exercise), f"exercises/{name}.py", "exec")
 
 

@@ -62,9 +62,9 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
         spread = replica_spread(model, world_size)  # the replicas' largest difference
         stats = [total / steps]  # this rank's mean training loss
         if rank == 0:
-            stats.append(evaluate(model.module, dev_loader, device))  # and the dev ROC AUC, rank 0's alone
+            stats.append(evaluate(model.module, dev_loader, device))  # and the dev ROC AUC
         epoch_stats = torch.tensor(stats, device=device)
-        dist.all_reduce(epoch_stats)  # summed over the ranks, both numbers in one message
+        dist.all_reduce(epoch_stats)  # summed over the ranks
         if rank == 0:
             loss, dev_auc = epoch_stats[0].item() / world_size, epoch_stats[1].item()
             print(f"epoch {epoch + 1}: {steps} steps, loss {loss:.4f}, "

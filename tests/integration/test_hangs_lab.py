@@ -314,7 +314,8 @@ def test_what_05_quotes_of_torch_distributed_debug_detail_is_what_torch_does(tmp
 # Words that name a lab's bug or how it hangs: none may reach a learner before the run that shows it.
 CAUSES = ("rank0", "rank 0 only", "only rank 0", "only on rank 0", "skip", "uneven", "a batch more", "one batch more",
           "more batches", "fewer batches", "shape", "batchnorm", "batch norm", "buffer", "unused", "no gradient",
-          "second head", "find_unused", "different collectives", "frozen", "requires_grad", "monitored")
+          "second head", "find_unused", "different collectives", "frozen", "requires_grad", "after the wrap",
+          "before the wrap", "one message")
 
 
 def _named(text: str) -> list[str]:

@@ -6,7 +6,9 @@ outputs) are the source. From each this writes
 * solutions/<name>.py: the cells tagged ``script:<name>``, in order;
 * exercises/<name>_todo.py: the same with every solution span replaced by a TODO (without one, <name>.py);
 * exercises/NN_<topic>.ipynb: the notebook with outputs cleared and the
-  solution spans replaced, the check cells kept.
+  solution spans replaced, the check cells kept, the cells tagged ``worked-only``
+  left out (a debugging lab's explanation: the learner reads it in the worked
+  notebook, after the run and the check).
 
 A script's text is the one a learner's ``write_script`` writes (:mod:`workshop_lib.lab.scripts`); solution
 spans (``### BEGIN SOLUTION``, nbgrader's markers) and a debugging lab's broken blocks:
@@ -53,6 +55,7 @@ def script_homes(notebooks: dict[str, object]) -> dict[str, str]:
 # ---------------------------------------------------------------------------- notebooks
 
 
+WORKED_ONLY = "worked-only"  # a cell's tag: in the worked notebook only, never in the exercise notebook
 _BUGS = " Some cells hold a bug instead of a TODO: run them as they are, read what the run says, then fix them."
 
 
@@ -62,6 +65,7 @@ def exercise_notebook(nb, source_name: str):
 
     ex = copy.deepcopy(nb)
     ex.metadata.pop("widgets", None)
+    ex.cells = [c for c in ex.cells if WORKED_ONLY not in c.get("metadata", {}).get("tags", [])]
     todos = any(c.cell_type == "code" and has_spans(c.source) for c in nb.cells)
     bugs = any(c.cell_type == "code" and BROKEN_BEGIN in c.source for c in nb.cells)
     for i, cell in enumerate(ex.cells):

@@ -22,16 +22,16 @@ from workshop_lib.debug import hangreport
 from workshop_lib.lab import sequences
 from workshop_lib.lab.launch import LaunchError, torchrun
 
-# Where each rank of each broken lab waits (a piece of its line's code) and why: what a learner reads.
+# Where each rank of each broken lab stops, {rank: (call, line of train())}: what a learner reads.
 HANGS = {
-    "hang1_rank0_only": ({0: "if rank == 0 else None", 1: "dist.all_reduce(epoch_loss)"}, "skipped"),
-    "hang2_uneven": ({0: "loss.backward()", 1: "spread = replica_spread("}, "batches"),
-    "hang3_shapes": ({0: "dist.all_reduce(epoch_loss)", 1: "dist.all_reduce(epoch_loss)"}, "shapes"),
-    "hang4_batchnorm_eval": ({0: "dev_auc = evaluate(model,", 1: "spread = replica_spread("}, "skipped"),
+    "hanglab1": {0: ("all_reduce", 24), 1: ("all_gather", 26)},
+    "hanglab2": {0: ("backward", 19), 1: ("all_gather", 22)},
+    "hanglab3": {0: ("all_reduce", 26), 1: ("all_reduce", 26)},
+    "hanglab4": {0: ("broadcast", 26), 1: ("all_gather", 29)},
 }
-AUX = ("    model.aux = torch.nn.Linear(2 * cfg.hidden, 1).requires_grad_(False)  # a second head, frozen until a loss "
-       "uses it\n")
-UNFROZEN = "    model.aux = torch.nn.Linear(2 * cfg.hidden, 1)  # a second head\n"
+FROZEN = "    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train\n"
+WRAP = "    model = DDP(model.to(device))\n"
+FROZEN_LATE = WRAP + FROZEN.replace("model.embed", "model.module.embed")  # the bug: frozen after the wrap
 
 
 def notebook_text(cell_id: str) -> str:
@@ -41,13 +41,14 @@ def notebook_text(cell_id: str) -> str:
 
 @pytest.mark.parametrize("name", list(hang_labs.BATCH))
 def test_each_labs_exercise_script_is_its_solution_with_the_bug_put_back(name):
-    """The learner gets the broken code and no hint; the solution has the fix in its place."""
+    """The learner gets the broken code and no hint (no comment that names it); the solution has the fix in its place."""
     solution = (build.SOLUTIONS / f"{name}.py").read_text().splitlines()[2:]
     exercise = (build.EXERCISES / f"{name}.py").read_text().splitlines()[2:]
     changed = [line for line in difflib.ndiff(solution, exercise) if line[:2] in ("- ", "+ ")]
-    assert [line[:2] for line in changed] == ["- ", "+ "], changed  # one line out, one line in
+    added = [line[2:] for line in changed if line.startswith("+ ")]
+    assert added and len(changed) <= 12, changed  # the bug, a few lines of one place
     assert not re.search(r"TODO|NotImplementedError|BROKEN", "\n".join(exercise))
-    assert not re.search(r"#.*\b(only rank|rank 0 (logs|prints)|every rank takes part)", changed[1]), changed[1]
+    assert not [x for x in added if re.search(r"#.*\b(only rank|rank 0 (logs|prints)|every rank takes part)", x)], added
     compile("\n".join(exercise), f"exercises/{name}.py", "exec")
 
 
@@ -59,13 +60,15 @@ def replayed_in_05() -> set[str]:
 
 
 def test_05_replays_each_broken_lab_or_this_module_runs_it():
-    assert set(HANGS) - replayed_in_05() == {"hang3_shapes"}  # 05 runs hang3 in the terminal version instead
+    assert set(HANGS) - replayed_in_05() == {"hanglab3"}  # 05 runs lab 3 in the terminal version instead
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", sorted(set(HANGS) - replayed_in_05()))
-def test_each_broken_lab_stops_where_its_record_says(name, capsys):
+def test_each_broken_lab_stops_where_its_record_says(name, capsys, monkeypatch):
+    monkeypatch.setattr(hang_labs, "_predictions", {})
+    hang_labs.predict(name, HANGS[name])
     run = hang_labs.run_broken(name)
     out = capsys.readouterr().out
     assert run.record and hang_labs.deadlocked(run.record), out
@@ -73,22 +76,25 @@ def test_each_broken_lab_stops_where_its_record_says(name, capsys):
     # the threshold 05 states (twice or four times it where a first report found a rank only slow to come)
     assert re.search(rf"has waited ({hang_labs.HANG_AFTER:.0f}|{2 * hang_labs.HANG_AFTER:.0f}|"
                      rf"{4 * hang_labs.HANG_AFTER:.0f}) s in ", out), out
-    hang_labs.check_reading(run, *HANGS[name])  # raises CheckFailed, naming the line, if the record says otherwise
+    hang_labs.check(run, HANGS[name])  # raises CheckFailed, naming the rank, if the record says otherwise
     assert sequences.describe(run.record).startswith("the ranks' calls first differ at call ")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_the_unused_parameter_lab_fails_with_ddps_whole_error(capsys):
-    run = hang_labs.run_broken("hang5_unused")
+def test_the_unused_parameter_lab_fails_with_ddps_whole_error(capsys, monkeypatch):
+    monkeypatch.setattr(hang_labs, "_predictions", {})
+    hang_labs.predict("hanglab5", {0: ("forward", 17), 1: ("forward", 17)})
+    run = hang_labs.run_broken("hanglab5")
     out = capsys.readouterr().out
     assert not run.record and set(run.raised) == {0, 1}, out
-    assert all(code.startswith("loss = F.binary_cross_entropy") for _, code in run.raised.values()), run.raised
-    assert hang_labs.why(run) == "unused"
+    assert all(code.startswith("loss = F.binary_cross_entropy") for _, code, _ in run.raised.values()), run.raised
     # whole, not cut to its first line: torch's hint and the parameters' indices are read
-    assert "find_unused_parameters=True" in out and "Parameter indices which did not receive grad for rank 0: 13 14" in out
-    assert "TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL" in out
-    hang_labs.check_reading(run, {0: "loss = F.binary_cross_entropy", 1: "loss = F.binary_cross_entropy"}, "unused")
+    assert "find_unused_parameters=True" in out and "Parameter indices which did not receive grad for rank 0: 0" in out
+    assert "Parameters which did not receive grad for rank 0: embed.weight" in out  # under DEBUG=INFO, as 05 says
+    assert "names the parameter that got no gradient, `embed.weight`" in _squeeze(notebook_text("nb05-58"))
+    assert 'File "torch/nn/parallel/distributed.py", line ' in out  # torch's own traceback, from train() down
+    hang_labs.check(run, {0: ("forward", 17), 1: ("forward", 17)})
 
 
 def swap(*pairs: tuple[str, str]):
@@ -124,28 +130,26 @@ def both(*edits):
 
 
 WRONG_FIXES = {
-    # the error is gone, and so is the averaging: no_sync() skips the reduction that the unused head stalled
-    "replicas differ": ("hang5_unused", both(swap((AUX, UNFROZEN)), inside("model.no_sync()"))),
+    # the error is gone, and so is the averaging: no_sync() skips the reduction that the frozen embedding stalled
+    "replicas differ": ("hanglab5", both(swap((FROZEN + WRAP, FROZEN_LATE)), inside("model.no_sync()"))),
     # uneven shares kept, and join() lets the rank that runs out shadow the other's all-reduces: it ends
-    "steps differ": ("hang2_uneven", both(swap(
+    "steps differ": ("hanglab2", both(swap(
         ("train_set = splits.train  # to train on",
          "train_set = torch.utils.data.Subset(splits.train, range(rank, len(splits.train), world_size))")),
         inside("model.join()"))),
     # no more hang (no buffer broadcast), but rank 0 still evaluates through the wrapper
-    "through the wrapper": ("hang4_batchnorm_eval", swap(
+    "through the wrapper": ("hanglab4", swap(
         ("model = DDP(model.to(device))", "model = DDP(model.to(device), forward_sync_buffers=False)"),
         ("evaluate(model.module,", "evaluate(model,"))),
-    # the bug left in place: the check's run is stopped by the watch, like the broken one
-    "still hangs": ("hang1_rank0_only", swap(
-        ("spread = replica_spread(model, world_size)  # the replicas' largest difference",
-         "spread = replica_spread(model, world_size) if rank == 0 else None"))),
+    # the bug left in place: the check's run is stopped by the watch
+    "still hangs": ("hanglab1", swap(("loss {loss:.4f}", "loss {global_mean(total / steps, device):.4f}"))),
 }
 SAID = {
     "replicas differ": r"it ends, but the replicas differ by [\d.e-]+ after training: the ranks' gradients were not "
                        r"averaged in every step",
     "steps differ": r"it ends, but the ranks ran different numbers of optimizer steps \(rank 0: 6, rank 1: 5\)",
     "through the wrapper": r"it trains, but evaluate\(\) still gets the DDP wrapper",
-    "still hangs": r"it still hangs: rank \d waits in (all_gather|all_reduce) #2 \(called at .*train-cell:\d+",
+    "still hangs": r"it still hangs: rank \d waits in (all_gather|all_reduce) #\d+ \(called at .*train-cell:\d+",
 }
 
 
@@ -171,12 +175,12 @@ def test_a_wrong_fix_is_named_in_one_line(mistake, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fix", "costly"), [
-    (swap((AUX, "")), False),  # the head removed: free
-    (swap((AUX, UNFROZEN), ("model = DDP(model.to(device))",  # the head kept, found unused in every step
-                            "model = DDP(model.to(device), find_unused_parameters=True)")), True),
-], ids=["removed", "find_unused_parameters"])
-def test_the_unused_head_lab_accepts_the_free_fixes_and_names_the_cost_of_the_other(fix, costly, capsys):
-    hang_labs.check_fix("hang5_unused", edit=fix)  # the solution itself, frozen, is the notebook's
+    (swap((FROZEN, "")), False),  # nothing frozen: free
+    (swap((FROZEN + WRAP, FROZEN_LATE.replace("DDP(model.to(device))",  # frozen late, found unused in every step
+                                              "DDP(model.to(device), find_unused_parameters=True)"))), True),
+], ids=["not frozen", "find_unused_parameters"])
+def test_the_frozen_late_lab_accepts_the_free_fixes_and_names_the_cost_of_the_other(fix, costly, capsys):
+    hang_labs.check_fix("hanglab5", edit=fix)  # the solution itself, frozen before the wrap, is the notebook's
     said = capsys.readouterr().out.strip().splitlines()[-1]
     assert said.startswith("✓ both ranks ran 6 optimizer steps") and ("find_unused_parameters=True pays" in said) == costly
 
@@ -226,10 +230,10 @@ def test_find_unused_parameters_adds_an_all_reduce_to_every_step(tmp_path):
 
 
 def test_05_quotes_gloos_timeout_as_the_terminal_lab_prints_it():
-    """05 runs the terminal lab itself (cell nb05 with run_in_terminal("hang3_shapes")): nbval compares each rank's
+    """05 runs the terminal lab itself (cell nb05 with run_in_terminal("hanglab3")): nbval compares each rank's
     stack and gloo's "Timed out waiting 3000ms ... unbound_buffer.cc" with the stored output. Its prose quotes the
     default timeout's message in the same words."""
-    assert 'run_in_terminal("hang3_shapes")' in "".join(c.source for c in nbformat.read(
+    assert 'run_in_terminal("hanglab3")' in "".join(c.source for c in nbformat.read(
         build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4).cells)
     assert "Timed out waiting 1800000ms for recv operation to complete" in _squeeze(notebook_text("nb05-02"))
 
@@ -237,17 +241,17 @@ def test_05_quotes_gloos_timeout_as_the_terminal_lab_prints_it():
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_terminal_version_of_a_broken_lab_hangs_and_its_watch_explains(monkeypatch, tmp_path, capsys):
-    """exercises/hang1_rank0_only.py under torchrun with the watch attached, as its docstring says to run it."""
+    """exercises/hanglab1.py under torchrun with the watch attached, as its docstring says to run it."""
     record = tmp_path / "hang.json"
     monkeypatch.setenv(hangreport.RECORD_VARIABLE, str(record))  # the ranks' watch saves its block there too
     with pytest.raises(LaunchError) as err:  # the group's 8 s timeout ends it, well before the launch's limit
-        torchrun(build.EXERCISES / "hang1_rank0_only.py", 2, ["--limit", "447", "--epochs", "1", "--timeout", "8",
+        torchrun(build.EXERCISES / "hanglab1.py", 2, ["--limit", "447", "--epochs", "1", "--timeout", "8",
                                                               "--batch-size", "32", "--no-tensorboard"],
                  out=False, timeout=150, progress=False, show=None)  # -m workshop_lib.watch, as the docstring says
     shown = capsys.readouterr().out
-    assert "$ torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hang1_rank0_only.py " in shown
-    assert "torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_" in build.EXERCISES.joinpath(
-        "hang1_rank0_only.py").read_text()  # what its docstring tells a learner to type
+    assert "$ torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hanglab1.py " in shown
+    assert "torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hanglabN.py" in build.EXERCISES.joinpath(
+        "hanglab1.py").read_text()  # what its docstring tells a learner to type
     said = hangreport.block(err.value.output)
     text = "\n".join(said)
     saved = hangreport.load(record)
@@ -255,7 +259,7 @@ def test_the_terminal_version_of_a_broken_lab_hangs_and_its_watch_explains(monke
     assert saved[0]["waiting_for"] and "the ranks' collectives first differ" in text, text
     for rank in (0, 1):  # each rank's stack, down to a line of the lab script
         line = next(x for x in said if x.strip().startswith(f"rank {rank}: "))
-        assert re.search(r"exercises/hang1_rank0_only\.py:\d+ train\(\)", line), text
+        assert re.search(r"exercises/hanglab1\.py:\d+ train\(\)", line), text
     assert not re.search(r"workshop_lib/(debug|lab|checks|scaling)/", text), text  # the tools' frames are not shown
 
 
@@ -303,3 +307,114 @@ def test_what_05_quotes_of_torch_distributed_debug_detail_is_what_torch_does(tmp
                       env={"TORCH_DISTRIBUTED_DEBUG": "INFO"})
     assert "[rank 0] DDP built" in result.output, result.output
     assert "segmentation fault" in _squeeze(notebook_text("nb05-38"))
+
+
+# ------------------------------------------------------------------ what a learner sees before a lab's run
+
+# Words that name a lab's bug or how it hangs: none may reach a learner before the run that shows it.
+CAUSES = ("rank0", "rank 0 only", "only rank 0", "only on rank 0", "skip", "uneven", "a batch more", "one batch more",
+          "more batches", "fewer batches", "shape", "batchnorm", "batch norm", "buffer", "unused", "no gradient",
+          "second head", "find_unused", "different collectives", "frozen", "requires_grad", "after the wrap",
+          "before the wrap", "one message")
+
+
+def _named(text: str) -> list[str]:
+    return [word for word in CAUSES if re.search(rf"\b{re.escape(word)}", text.lower())]
+
+
+def _comments(source: str) -> str:
+    """What a code cell says in words: its comments (the code itself is the bug to find)."""
+    return "\n".join(line.split("#", 1)[1] for line in source.splitlines() if "#" in line)
+
+
+def test_no_lab_name_or_script_names_its_cause():
+    names = list(hang_labs.BATCH) + [p.stem for folder in (build.EXERCISES, build.SOLUTIONS) for p in
+                                     folder.glob("hang*.py")]
+    assert names and not [n for n in names if _named(n.replace("_", " ")) or _named(n)], names
+
+
+def test_no_exercise_cell_before_a_labs_run_names_a_cause():
+    """In the exercise notebook, everything above each lab's run: markdown, raw cells, the prediction calls, and the
+    comments of the code cells (the train() cells hold the bugs; their words must not point at them)."""
+    nb = nbformat.read(build.EXERCISES / hang_labs.NOTEBOOK, as_version=4)
+    runs = [i for i, c in enumerate(nb.cells) if re.search(r"run_(broken|in_terminal)\(", c.source)]
+    assert len(runs) == len(hang_labs.BATCH)
+    said = {}
+    for i, cell in enumerate(nb.cells[:runs[-1]]):
+        text = _comments(cell.source) if cell.cell_type == "code" and "hang_labs.predict(" not in cell.source \
+            else cell.source
+        if _named(text):
+            said[cell.get("id", i)] = _named(text)
+    assert not said, said
+    ids = {c.get("id") for c in nb.cells}
+    assert {"nb05-19", "nb05-29", "nb05-38", "nb05-48", "nb05-58", "nb05-80"} <= {
+        c.get("id") for c in nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4).cells} - ids  # worked only
+
+
+def test_each_prediction_of_05_is_a_call_and_an_exact_line():
+    """The stored predictions are the record's answers ({rank: (call, line)}); a line one off, or a piece of code,
+    is refused: the line check is exact."""
+    nb = nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4)
+    found = {}
+    for cell in nb.cells:
+        m = re.search(r'hang_labs\.predict\("(\w+)", waits\)', cell.source)
+        if m:
+            found[m.group(1)] = eval(re.search(r"^waits = (\{.*\})$", cell.source, re.M).group(1))  # the cell's literal
+    assert set(found) == set(hang_labs.BATCH)
+    assert {name: found[name] for name in HANGS} == HANGS
+    run = hang_labs.Run("hanglab1", raised={0: (24, "print(...)", ("all_reduce",)), 1: (26, "x", ("all_gather",))})
+    assert all(right for right, _ in hang_labs._compare(run, found["hanglab1"]))
+    off = {0: ("all_reduce", 25), 1: ("all_gather", 26)}
+    assert [right for right, _ in hang_labs._compare(run, off)] == [False, True]
+    with pytest.raises(CheckFailed, match=r"as \{rank: \(call, line\)\}"):
+        hang_labs._valid({0: ("all_reduce", "print("), 1: ("all_gather", 26)})
+
+
+def _source(where: str, lab: str | None) -> list[str] | None:
+    """The lines a stored output quotes from: a lab's train() cell or shared cell (as the exercise gives them), a lab
+    script, or a file of the repository; None for torch's own files."""
+    from workshop_lib.lab.spans import exercise_source
+
+    if where in ("train-cell", "shared-cell"):
+        nb = nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4)
+        cells = [c for c in nb.cells if f"script:{lab}" in c.metadata.get("tags", []) and c.cell_type == "code"]
+        cell = next(c for c in cells if ("def train(" in c.source) == (where == "train-cell"))
+        return exercise_source(cell.source).splitlines()
+    path = build.EXERCISES / where if re.fullmatch(r"hanglab\d\.py", where) else build.ROOT / where
+    return path.read_text().splitlines() if path.is_file() and "torch/" not in where else None
+
+
+QUOTES = [  # a place, and the code an output quotes at it
+    re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in \w+\n(?:\[rank\d\]:)?\s+(?P<code>.+)'),
+    re.compile(r"(?P<file>train-cell|shared-cell|[\w/]+\.py):(?P<line>\d+): (?P<code>.+)"),
+    re.compile(r"line (?P<line>\d+) of train\(\): (?P<code>.+)"),  # the check's words: a line of the train() cell
+]
+IN_FUNCTION = re.compile(r"(?P<file>hanglab\d\.py):(?P<line>\d+) (?P<fn>\w+)\(\)")
+
+
+def test_the_line_numbers_quoted_in_05s_stored_outputs_are_the_scripts_and_cells():
+    """Every `file:line` or `File "...", line N` of a stored output shows that line's code, and a stack's
+    `hanglab3.py:N train()` is a line inside train(): the outputs come from the scripts as they are."""
+    nb = nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4)
+    lab, checked, wrong = None, 0, []
+    for cell in nb.cells:
+        lab = next((t[7:] for t in cell.metadata.get("tags", []) if t.startswith("script:hanglab") and
+                    "def train(" in cell.source), lab)
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        for pattern in QUOTES:
+            for m in pattern.finditer(text):
+                lines = _source(m.groupdict().get("file") or "train-cell", lab)
+                if lines is None:
+                    continue
+                quoted, n = m.group("code").strip(), int(m.group("line"))
+                here = lines[n - 1].strip() if n <= len(lines) else ""
+                checked += 1
+                if not (here == quoted or here.split("  # ")[0] == quoted.split("  # ")[0]):
+                    wrong.append((m.group(0), here))
+        for m in IN_FUNCTION.finditer(text):
+            lines, n = _source(m.group("file"), lab), int(m.group("line"))
+            start = max(i for i, x in enumerate(lines[:n]) if re.match(r"(def \w+|if __name__)", x))
+            if m.group("fn") != "<module>" and not lines[start].startswith(f"def {m.group('fn')}("):
+                wrong.append((m.group(0), lines[start]))
+            checked += 1
+    assert checked >= 20 and not wrong, wrong

@@ -1,12 +1,12 @@
 """Running the hang labs of notebooks/05_when_it_hangs.ipynb: their cells on forked ranks, or their scripts in a terminal.
 
-Each lab is a small step 3 (the cells tagged ``script:hangN_...``) whose ``train()`` cell holds one classic bug (in
-the solution notebook, a BROKEN block above the fix: :mod:`workshop_lib.lab.spans`). :func:`launch` runs the lab's
-cells as the learner last ran them in a fresh namespace (named ``shared-cell`` and ``train-cell``, so that line
-numbers are the cells' own) and ``train()`` on two forked ranks with the fork launcher's hang watch; the
+Each lab is a small step 3 (the cells tagged ``script:hanglabN``) whose ``train()`` cell holds one classic bug (a
+BROKEN block above the fix: :mod:`workshop_lib.lab.spans`). :func:`launch` runs the lab's cells as last run, in a
+fresh namespace (named ``shared-cell`` and ``train-cell``: line numbers are the cells' own), and ``train()`` on two
+forked ranks with the hang watch (the labs of :data:`TORCH_SPEAKS`: without, until the group's timeout); the
 :class:`Run` holds each rank's measures, the watch's record, or each rank's traceback and error. :func:`terminal`
-runs a lab's script under torchrun as a learner does, with ``python -m workshop_lib.diagnose`` while it hangs. What
-the learner reads and writes is judged in :mod:`workshop_lib.checks.hang_labs`.
+runs a lab's script under torchrun, with ``python -m workshop_lib.diagnose`` while it hangs. What the learner
+reads and writes is judged in :mod:`workshop_lib.checks.hang_labs`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,12 @@ NOTEBOOK = "05_when_it_hangs.ipynb"
 HANG_AFTER, FIX_HANG_AFTER = 1.0, 8.0
 TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
 # Each lab's batch size: 16 makes 6 and 5 batches of lab 2's uneven shards (81 and 80 molecules); BatchNorm needs
-# no batch of 1 (lab 4: shards of 161).
-BATCH = {"hang1_rank0_only": 32, "hang2_uneven": 16, "hang3_shapes": 32, "hang4_batchnorm_eval": 48, "hang5_unused": 32}
+# no batch of 1 (lab 4: shards of 161). The labs' names say nothing of their bugs.
+BATCH = {"hanglab1": 32, "hanglab2": 16, "hanglab3": 32, "hanglab4": 48, "hanglab5": 32}
+# The labs whose broken run has no watch: the group's timeout (s) ends it, and the learner reads torch's error; the
+# terminal run (lab 3) has the same timeout, torch's error coming this long into the hang.
+TORCH_SPEAKS, RAW_TIMEOUT = {"hanglab1"}, 3.0
+DEBUG = {"hanglab5": "INFO"}  # TORCH_DISTRIBUTED_DEBUG for a lab's broken run: torch's error then names more
 TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cells run under
 
 
@@ -49,8 +53,9 @@ class Run:
     results: list[dict] | None = None  # per rank: {"steps", "spread", "wrapper", "find_unused"} when all finished
     record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
     errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it (its first sentence)
-    messages: dict[int, str] = field(default_factory=dict)  # rank -> that error, whole, as torch wrote it
-    raised: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank -> (line of train(), code) it raised at
+    messages: dict[int, str] = field(default_factory=dict)  # rank -> its traceback from train() down, error whole
+    # rank -> (line of train() it raised at, its code, the functions it was in below train(), outermost first)
+    raised: dict[int, tuple[int, str, tuple[str, ...]]] = field(default_factory=dict)
     timed_out: bool = False
     started: float = field(default_factory=time.time)
     script: str | None = None  # the lab script a terminal run ran (its lines count from its train() too)
@@ -88,12 +93,15 @@ def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callabl
     return namespace
 
 
-def _rank(env, train: Callable, cfg: TrainConfig) -> dict:
+def _rank(env, train: Callable, cfg: TrainConfig, debug: str | None = None) -> dict:
     """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    if debug:  # what TORCH_DISTRIBUTED_DEBUG=debug in the job's environment sets
+        dist.set_debug_level(getattr(dist.DebugLevel, debug))
 
     steps, params, wrapper, find_unused = [], [], [], []
 
@@ -139,19 +147,19 @@ def deadlocked(record: list[dict]) -> bool:
 
 def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
     """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended.
-
-    A broken run whose watch spoke before a deadlock (a rank only slow to come) runs again with a longer threshold.
-    """
+    A broken run whose watch spoke before a deadlock (a rank only slow to come) runs again with a longer threshold."""
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
     from workshop_lib.lab.launch import LaunchError
 
     train = load(_lab(name), broken, notebook, edit)["train"]
     cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
-    started = time.time()
-    for hang_after in (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,):
+    started, speaks = time.time(), RAW_TIMEOUT if broken and name in TORCH_SPEAKS else None
+    debug = DEBUG.get(name) if broken else None
+    tries = (None,) if speaks else (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,)
+    for hang_after in tries:
         try:
-            return Run(name, started=started,
-                       results=notebook_launch(_rank, 2, train, cfg, timeout=TIMEOUT, hang_after=hang_after))
+            return Run(name, started=started, results=notebook_launch(
+                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=hang_after, group_timeout=speaks))
         except HangError as err:
             run = Run(name, record=hangreport.load(err.record), started=started)
             if not broken or deadlocked(run.record):
@@ -177,24 +185,26 @@ def _errors(message: str) -> dict[int, str]:
 
 _SECTION = re.compile(r"^===== rank (\d+)$", re.M)
 _TRAIN_FRAME = re.compile(rf'^\s+File "{TRAIN_CELL}", line (\d+), in train$', re.M)
+_FRAME = re.compile(r'^\s+File "(?:[^"]*/(?=(?:torch|workshop_lib)/))?([^"]*)", line \d+, in (\w+)$', re.M)
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*$", re.M)
 
 
-def tracebacks(text: str) -> tuple[dict[int, tuple[int, str]], dict[int, str]]:
-    """From every rank's output (notebook_launch's all.log): where in train() each rank raised, and its error whole."""
+def tracebacks(text: str) -> tuple[dict[int, tuple[int, str, tuple[str, ...]]], dict[int, str]]:
+    """From every rank's output (notebook_launch's all.log): where in train() each rank raised (line, code, the
+    functions below it), and its traceback from train() down, with its error whole."""
     raised, messages = {}, {}
     parts = _SECTION.split(text)
     for rank, body in zip(parts[1::2], parts[2::2], strict=True):
         body = body.split("\n===== ", 1)[0]
-        frames = list(_TRAIN_FRAME.finditer(body))
-        if not frames:
+        if not (frames := list(_TRAIN_FRAME.finditer(body))):
             continue
-        line = int(frames[-1].group(1))
-        raised[int(rank)] = (line, linecache.getline(TRAIN_CELL, line).strip().split("  # ")[0])
-        error = _ERROR_LINE.search(body, frames[-1].end())
-        if error:
-            lines = body[error.start():].splitlines()
-            messages[int(rank)] = "\n".join(x for x in lines if not x.startswith(hangreport.PREFIX)).strip()
+        line, error = int(frames[-1].group(1)), _ERROR_LINE.search(body, frames[-1].end())
+        below = body[frames[-1].start():error.start() if error else len(body)]
+        raised[int(rank)] = (line, linecache.getline(TRAIN_CELL, line).strip().split("  # ")[0],
+                             tuple(fn for _, fn in _FRAME.findall(below)[1:]))
+        lines = _FRAME.sub(lambda m: m.group(0).replace(m.group(0).split('"')[1], m.group(1)), below).splitlines()
+        lines += body[error.start():].splitlines() if error else []
+        messages[int(rank)] = "\n".join(x for x in lines if x.strip() and not x.startswith(hangreport.PREFIX))
     return raised, messages
 
 
@@ -215,9 +225,6 @@ def train_offset(script: str) -> int:
 
 # ------------------------------------------------------------------------------------------ in a terminal
 
-TERMINAL_TIMEOUT = 3.0  # the terminal run's process group timeout: torch's own error comes this long into the hang
-
-
 def _script_args(name: str, timeout: float) -> list[str]:
     return ["--limit", "447", "--epochs", "1", "--batch-size", str(BATCH[_lab(name)]), "--timeout", f"{timeout:g}"]
 
@@ -232,12 +239,9 @@ def terminal_command(name: str, timeout: float = 60.0, watch: bool = False) -> s
 def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
     """Each rank's last line of ``script`` in its traceback (two lines: where, and the code) and its error line."""
     said: dict[int, list[str]] = {}
-    prefix = re.compile(r"^\[rank(\d+)\]:(.*)$")
     by_rank: dict[int, list[str]] = {}
-    for line in lines:
-        m = prefix.match(line.rstrip("\n"))
-        if m:
-            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    for m in filter(None, (re.match(r"^\[rank(\d+)\]:(.*)$", line.rstrip("\n")) for line in lines)):
+        by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
     for rank, text in sorted(by_rank.items()):
         where = [i for i, x in enumerate(text) if x.strip().startswith("File ") and script in x]
         error = [x for x in text if _ERROR_LINE.match(x.strip())]
@@ -248,12 +252,11 @@ def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
     return said
 
 
-def terminal(name: str, timeout: float = TERMINAL_TIMEOUT, limit: float = 120.0) -> Run:
-    """Lab ``name``'s exercise script under torchrun as in a terminal; diagnose's stacks while it hangs; torch's error.
-
-    Prints the command, then (once the hang watch, attached so that its record can be checked, has seen the ranks
-    deadlocked) what ``python -m workshop_lib.diagnose`` prints, then each rank's part of torch's error when the
-    group's ``timeout`` ends the job. ``limit``: seconds before the job is stopped whatever happens.
+def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0) -> Run:
+    """Lab ``name``'s exercise script under torchrun as in a terminal; diagnose's stacks while it hangs; torch's error:
+    prints the command, then (once the hang watch, attached for the check's record, has seen a deadlock) what
+    ``python -m workshop_lib.diagnose`` prints, then each rank's part of torch's error when the group's ``timeout``
+    ends the job. ``limit``: seconds before the job is stopped whatever happens.
     """
     import subprocess
 

@@ -113,7 +113,7 @@ def _hang_in_logs(log_dir: str) -> str | None:
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
-                    hang_after: float | None = None) -> list:
+                    hang_after: float | None = None, group_timeout: float | None = None) -> list:
     """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order.
 
     ``torch.multiprocessing.start_processes`` (:class:`workshop_lib.lab.ranks.Ranks`) starts the ranks, forked on
@@ -125,7 +125,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
 
     ``hang_after``: seconds a collective may wait before the ranks count as hung
     (:mod:`workshop_lib.debug.hangwatch` then names the rank that never arrived, and a
-    HangError stops the launch early); None waits out ``timeout``.
+    HangError stops the launch early); None waits out ``timeout``. ``group_timeout``: the process group's own
+    timeout, when it is to end a hang before ``timeout`` does (torch's error then says where each rank waited).
     """
     import torch
 
@@ -137,8 +138,8 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
         fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
-    ranks = Ranks(_rank_main, {r: (fn, backend, timeout, hang_after, log_dir, *args) for r in range(nprocs)},
-                  {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
+    ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
+                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
     gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
         ranks.start()

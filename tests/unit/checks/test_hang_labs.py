@@ -9,23 +9,25 @@ from workshop_lib.checks.common import CheckFailed
 from workshop_lib.checks.hang_labs import Run
 
 
-def where(rank, line, code, op, seq, tensors="float32[1]", file="train-cell"):
+def where(rank, line, code, op, seq, tensors="float32[1]", file="train-cell", inner=None):
     """A rank's answer in the watch's record: waiting at ``line`` of the train() cell, in collective ``op``."""
     current = {"op": op, "seq": seq, "tensors": tensors, "since": 0.0, "where": f"{file}:{line} in train()",
                "backwards": 6}
     return {"rank": rank, "frames": [[file, line, "train", code], ["shared-cell", 20, "spread", "x"]],
-            "current": current, "history": [current] if op != "backward" else [], "backwards": 6}
+            "current": current, "history": [current] if op != "backward" else [], "backwards": 6, "inner": inner}
 
 
-SPREAD = "spread = replica_spread(model, world_size) if rank == 0 else None  # the replicas' largest difference"
-SKIPPED = Run("hang1_rank0_only", started=100.0,
+SPREAD = "spread = replica_spread(model, world_size)  # the replicas' largest difference"
+SKIPPED = Run("hanglab1", started=100.0,
               record=[{"rank": 0, "block": ["..."], "line": "rank 0 waits in all_gather #2 ...",
                        "answers": {"0": where(0, 10, SPREAD, "all_gather", 2, "2 tensors"),
                                    "1": where(1, 12, "dist.all_reduce(loss)", "all_reduce", 2)}}])
 UNUSED = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. ..."
-RAISED = Run("hang5_unused", started=100.0, errors={0: "RuntimeError: Expected to have finished reduction"},
-             raised={0: (17, "loss = f(model(x))"), 1: (17, "loss = f(model(x))")},
+BELOW = ("_wrapped_call_impl", "_call_impl", "forward", "_pre_forward")  # DDP's forward raised, under the module call
+RAISED = Run("hanglab5", started=100.0, errors={0: "RuntimeError: Expected to have finished reduction"},
+             raised={0: (17, "loss = f(model(x))", BELOW), 1: (17, "loss = f(model(x))", BELOW)},
              messages={0: UNUSED, 1: UNUSED})
+RIGHT = {0: ("all_gather", 10), 1: ("dist.all_reduce", 12)}
 
 
 def record(*answers):
@@ -38,97 +40,118 @@ def no_predictions(monkeypatch):
     monkeypatch.setattr(hang_labs, "_runs_started", {})
 
 
-def test_the_waiting_lines_and_the_reason_come_from_the_record():
-    assert hang_labs.waiting_lines(SKIPPED) == {0: (10, "spread = replica_spread(model, world_size) if rank == 0 else None"),
-                                                1: (12, "dist.all_reduce(loss)")}  # the comment cut
-    assert hang_labs.why(SKIPPED) == "skipped"
-    shapes = Run("hang3_shapes", record=record(where(0, 12, "x", "all_reduce", 3, "float32[2]"),
-                                               where(1, 12, "x", "all_reduce", 3, "float32[1]")))
-    assert hang_labs.why(shapes) == "shapes"
-    batches = Run("hang2_uneven", record=record(where(0, 9, "x", "backward", 0, "DDP's gradient buckets"),
-                                                where(1, 10, "x", "all_gather", 2, "2 tensors")))
-    assert hang_labs.why(batches) == "batches"
-    assert all(hang_labs.deadlocked(r.record) for r in (SKIPPED, shapes, batches))
+def kept(run, waits, monkeypatch, capsys):
+    """``waits`` kept as the prediction for ``run``'s lab, before the run started."""
+    monkeypatch.setattr(hang_labs.time, "time", lambda: run.started - 50)
+    hang_labs.predict(run.name, waits)
+    capsys.readouterr()
+
+
+def test_where_each_rank_stops_comes_from_the_record():
+    assert hang_labs.stops(SKIPPED) == {0: ("all_gather", 10, "spread = replica_spread(model, world_size)"),
+                                        1: ("all_reduce", 12, "dist.all_reduce(loss)")}  # the comment cut
+    buffers = Run("hanglab4", record=record(where(0, 26, "x", "_broadcast_coalesced", 8, "3 tensors"),
+                                            where(1, 29, "y", "all_gather", 8, "2 tensors")))
+    backward = Run("hanglab2", record=record(where(0, 9, "x", "backward", 0, "DDP's gradient buckets"),
+                                             where(1, 10, "y", "all_gather", 2, "2 tensors")))
+    assert [c for c, _, _ in hang_labs.stops(buffers).values()] == ["broadcast", "all_gather"]
+    assert [c for c, _, _ in hang_labs.stops(backward).values()] == ["backward", "all_gather"]
+    assert all(hang_labs.deadlocked(r.record) for r in (SKIPPED, buffers, backward))
     slow = record(where(0, 12, "x", "all_reduce", 3), {**where(1, 9, "x", "all_reduce", 3), "current": None})
     assert not hang_labs.deadlocked(slow)  # rank 1 is not in a collective: it was only late
 
 
-def test_an_error_run_is_read_from_each_ranks_traceback_and_torchs_message():
-    assert hang_labs.waiting_lines(RAISED) == {0: (17, "loss = f(model(x))"), 1: (17, "loss = f(model(x))")}
-    assert hang_labs.why(RAISED) == "unused"  # from torch's own words
-    assert hang_labs.why(Run("x", raised={0: (3, "y")}, messages={0: "ValueError: something else"})) is None
-    hang_labs.check_reading(RAISED, {0: 17, 1: "loss = f(model"}, "unused")
+def test_an_error_run_is_read_from_each_ranks_traceback():
+    """The call is the innermost function below train() that names one: DDP's forward, not the module's call."""
+    assert hang_labs.stops(RAISED) == {0: ("forward", 17, "loss = f(model(x))"), 1: ("forward", 17, "loss = f(model(x))")}
+    timeout = Run("hanglab1", raised={0: (24, "print(...)", ("global_mean", "wrapper", "all_reduce"))})
+    assert hang_labs.stops(timeout) == {0: ("all_reduce", 24, "print(...)")}
 
 
-def test_a_terminal_runs_lines_count_from_the_scripts_train(monkeypatch):
+def test_a_terminal_runs_lines_count_from_the_scripts_train(monkeypatch, capsys):
     """The watch's frames of a terminal run are the script's lines; the reading may give the cell's or the script's."""
-    monkeypatch.setattr(hang_labs, "train_offset", lambda script: 35)
-    run = Run("hang3_shapes", script="exercises/hang3_shapes.py",
-              record=record(where(0, 58, "dist.all_reduce(epoch_loss)", "all_reduce", 3, "float32[2]",
-                                  file="exercises/hang3_shapes.py"),
-                            where(1, 58, "dist.all_reduce(epoch_loss)", "all_reduce", 3, "float32[1]",
-                                  file="exercises/hang3_shapes.py")))
-    assert hang_labs.waiting_lines(run) == {0: (23, "dist.all_reduce(epoch_loss)"), 1: (23, "dist.all_reduce(epoch_loss)")}
-    hang_labs.check_reading(run, {0: 23, 1: 58}, "shapes")  # the cell's line, or the script's
+    monkeypatch.setattr(hang_labs, "train_offset", lambda script: 41)
+    run = Run("hanglab3", script="exercises/hanglab3.py", started=100.0,
+              record=record(where(0, 64, "dist.all_reduce(epoch_loss)", "all_reduce", 3, "float32[2]",
+                                  file="exercises/hanglab3.py"),
+                            where(1, 64, "dist.all_reduce(epoch_loss)", "all_reduce", 3, "float32[1]",
+                                  file="exercises/hanglab3.py")))
+    assert hang_labs.stops(run) == {0: ("all_reduce", 23, "dist.all_reduce(epoch_loss)"),
+                                    1: ("all_reduce", 23, "dist.all_reduce(epoch_loss)")}
+    kept(run, {0: ("all_reduce", 23), 1: ("all_reduce", 64)}, monkeypatch, capsys)  # the cell's line, or the script's
+    hang_labs.check(run, {0: ("all_reduce", 23), 1: ("all_reduce", 64)})
+    assert "✓ your reading is your prediction, and the record agrees with every part" in capsys.readouterr().out
 
 
-def test_a_right_reading_is_confirmed_line_by_line(capsys):
-    hang_labs.check_reading(SKIPPED, {0: 10, 1: "dist.all_reduce(loss)"}, "skipped")  # a number, or a piece of code
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["✓ rank 0 waits at line 10 of train(): spread = replica_spread(model, world_size) if rank == 0 "
-                   "else None", "✓ rank 1 waits at line 12 of train(): dist.all_reduce(loss)",
-                   f"✓ 'skipped': {hang_labs.WHY['skipped']}"]
+def test_a_right_prediction_is_confirmed_rank_by_rank_then_the_explanation_is_named(monkeypatch, capsys):
+    kept(SKIPPED, RIGHT, monkeypatch, capsys)
+    hang_labs.check(SKIPPED, RIGHT)
+    assert capsys.readouterr().out.splitlines() == [
+        "your prediction, kept before the run:",
+        "✓ rank 0 waits in all_gather, called at line 10 of train(): spread = replica_spread(model, world_size)",
+        "✓ rank 1 waits in all_reduce, called at line 12 of train(): dist.all_reduce(loss)",
+        "✓ your reading is your prediction, and the record agrees with every part",
+        f"why, and what the fix costs: the worked notebook, notebooks/{hang_labs.NOTEBOOK}, below this lab"]
 
 
-@pytest.mark.parametrize(("waits", "reason", "message"), [
-    ({0: 10, 1: 11}, "skipped", r"^rank 1: not at 11: read the diagnosis again"),
-    ({0: 10}, "skipped", r"^rank 1 waits too: you gave no line for it: read"),
-    ({0: "spread", 1: 12}, "shapes", r"^why: not 'shapes': read"),
-    ({0: "sp", 1: 12}, "skipped", r"^rank 0: not at 'sp'"),  # too short a piece of code to say which line
-    ([10, 12], "skipped", r"^give where each rank waits as \{rank: line\}"),
+@pytest.mark.parametrize(("reading", "message"), [
+    ({0: ("all_gather", 11), 1: ("all_reduce", 12)}, r"^your reading: rank 0: in all_gather, yes; at line 11, no: "),
+    ({0: ("all_gather", 10), 1: ("all_gather", 12)}, r"^your reading: rank 1: in all_gather, no; at line 12, yes: "),
+    ({0: ("all_gather", 10)}, r"^your reading: rank 1 stops too: you gave nothing for it: "),
+    ({0: ("all_gather", 10), 1: ("wait", 12)}, r"^'wait' is not a call that a rank waits in here; name one of "),
+    ({0: ("all_gather", "spread ="), 1: ("all_reduce", 12)}, r"^give, for each rank, the call .* as \{rank: \(call, "
+                                                             r"line\)\}"),  # a line number, not a piece of code
+    ({0: 10, 1: 12}, r"^give, for each rank, the call it stops in and the line"),
 ])
-def test_a_wrong_reading_is_named_in_one_line_without_the_answer(waits, reason, message):
+def test_a_wrong_reading_is_named_in_one_line_without_the_answer(reading, message, monkeypatch, capsys):
+    kept(SKIPPED, RIGHT, monkeypatch, capsys)
     with pytest.raises(CheckFailed, match=message) as err:
-        hang_labs.check_reading(SKIPPED, waits, reason)
-    assert "\n" not in str(err.value) and "all_reduce(loss)" not in str(err.value)  # the answer is not given
+        hang_labs.check(SKIPPED, reading)
+    said = str(err.value)
+    assert "\n" not in said and "all_reduce(loss)" not in said and "line 10" not in said.replace("line 10,", "")
 
 
-def test_a_prediction_is_kept_before_the_run_and_compared_after_it(capsys, monkeypatch):
+def test_a_wrong_prediction_is_said_part_by_part_without_the_answer(monkeypatch, capsys):
+    kept(SKIPPED, {0: ("all_reduce", 10), 1: ("all_reduce", 13)}, monkeypatch, capsys)
+    hang_labs.check(SKIPPED, RIGHT)  # a guess is not a bug: the right reading passes
+    assert capsys.readouterr().out.splitlines()[1:4] == [
+        "✗ rank 0: in all_reduce, no; at line 10, yes", "✗ rank 1: in all_reduce, yes; at line 13, no",
+        "✓ your reading agrees with the record, rank by rank"]
+
+
+def test_a_lab_runs_only_once_a_prediction_is_kept(monkeypatch, capsys):
+    """The run shows the answer: without a prediction it asks for one in one line, and starts nothing."""
+    monkeypatch.setattr(hang_labs, "launch", lambda *a, **k: pytest.fail("the run started without a prediction"))
+    monkeypatch.setattr(hang_labs, "terminal", lambda *a, **k: pytest.fail("the run started without a prediction"))
+    for run in (hang_labs.run_broken, hang_labs.run_in_terminal):
+        with pytest.raises(CheckFailed, match=r"^predict first: run the prediction cell above \(hang_labs\.predict\("
+                                              r"'hanglab1', waits\)\); this run shows the answer$"):
+            run("hanglab1")
+
+
+def test_a_prediction_is_kept_before_the_run_and_not_replaced_after_it(capsys, monkeypatch):
     monkeypatch.setattr(hang_labs.time, "time", lambda: 50.0)  # before SKIPPED started (100.0)
-    hang_labs.predict("hang1_rank0_only", {0: 10}, "batches")
-    assert capsys.readouterr().out == "prediction kept for hang1_rank0_only: rank 0 at 10; why: 'batches'\n"
-    hang_labs.check_prediction(SKIPPED)  # a guess is not a bug: nothing raised
-    out = capsys.readouterr().out.splitlines()
-    assert [line[0] for line in out] == ["✓", "✗", "✗", "f"]
-    assert out[1] == "✗ rank 1 waits too: you gave no line for it" and out[2] == "✗ why: not 'batches'"
-    hang_labs._runs_started["hang1_rank0_only"] = 100.0
+    hang_labs.predict("hanglab1", {0: ("dist.all_reduce()", 10)})
+    assert capsys.readouterr().out == "prediction kept for hanglab1: rank 0 in all_reduce at line 10\n"
+    hang_labs.predict("hanglab1", {0: ("all_gather", 10)})  # changed before the run: replaced
+    hang_labs._runs_started["hanglab1"] = 100.0
     monkeypatch.setattr(hang_labs.time, "time", lambda: 150.0)
-    hang_labs.predict("hang1_rank0_only", {0: 10, 1: 12}, "skipped")  # after the run: a reading, not a prediction
+    hang_labs.predict("hanglab1", {0: ("all_reduce", 12)})  # after the run: a reading, not a prediction
     assert "stays kept" in capsys.readouterr().out
-    assert hang_labs._predictions["hang1_rank0_only"].why == "batches"
+    assert hang_labs._predictions["hanglab1"].waits == {0: ("all_gather", 10)}
 
 
-def test_a_reading_that_is_the_prediction_is_said_once(capsys, monkeypatch):
-    monkeypatch.setattr(hang_labs.time, "time", lambda: 50.0)
-    hang_labs.predict("hang1_rank0_only", {0: 10, 1: 12}, "skipped")
-    capsys.readouterr()
-    hang_labs.check_reading(SKIPPED, {0: 10, 1: 12}, "skipped")
-    assert capsys.readouterr().out == "✓ your reading is your prediction, and the record agrees with every part\n"
-
-
-def test_no_prediction_or_no_record_is_said_in_one_line(monkeypatch):
-    with pytest.raises(CheckFailed, match="no prediction was kept for hang1_rank0_only before this run"):
-        hang_labs.check_prediction(SKIPPED)
+def test_no_prediction_or_no_record_is_said_in_one_line(monkeypatch, capsys):
+    with pytest.raises(CheckFailed, match="no prediction was kept for hanglab1 before this run"):
+        hang_labs.check(SKIPPED, RIGHT)
     monkeypatch.setattr(hang_labs.time, "time", lambda: 500.0)  # made after the run started
-    hang_labs.predict("hang1_rank0_only", {0: 10}, "skipped")
+    hang_labs.predict("hanglab1", RIGHT)
     with pytest.raises(CheckFailed, match="no prediction was kept"):
-        hang_labs.check_prediction(SKIPPED)
+        hang_labs.check(SKIPPED, RIGHT)
     with pytest.raises(CheckFailed, match="neither hung nor raised"):
-        hang_labs.check_prediction(Run("hang1_rank0_only", results=[]), {0: 10}, "skipped")
-    with pytest.raises(CheckFailed, match=r"not a key of hang_labs\.WHY"):
-        hang_labs.predict("hang1_rank0_only", {0: 10}, "slow")
+        hang_labs.check(Run("hanglab1", results=[], started=600.0), RIGHT)
     with pytest.raises(CheckFailed, match="no hang lab named 'hang9'"):
-        hang_labs.predict("hang9", {0: 10}, "skipped")
+        hang_labs.predict("hang9", RIGHT)
 
 
 def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
@@ -140,8 +163,8 @@ def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
     (ran(), True, "both ranks ran 6 optimizer steps, and their replicas are equal (spread 0): it trains correctly"),
     (ran(find_unused=True), True, "both ranks ran 6 optimizer steps, and their replicas are equal (spread 0): it "
                                   "trains correctly; find_unused_parameters=True pays in every step (a walk of the "
-                                  "autograd graph and one more all-reduce), where freezing or removing a part that no "
-                                  "loss uses is free"),
+                                  "autograd graph and one more all-reduce), where freezing a part before DDP wraps the "
+                                  "model, or removing it, is free"),
     (SKIPPED, False, "it still hangs: rank 0 waits in all_gather #2 ..."),
     (Run("lab", timed_out=True), False, "it did not end within 60 s: a rank waits for one that never comes"),
     (Run("lab", errors={1: "RuntimeError: Expected to have finished reduction"}), False,
@@ -159,14 +182,16 @@ def test_the_verdict_on_a_fix_names_what_is_wrong_in_one_line(run, ok, message):
     assert hang_labs.verdict(run) == (ok, message)
 
 
-def test_an_error_run_prints_where_each_rank_raised_and_the_message_whole(capsys, monkeypatch):
-    whole = "RuntimeError: first line\nsecond line for rank 0: 13 14\n hint naming find_unused_parameters"
-    run = Run("hang5_unused", raised={0: (17, "loss = f(x)"), 1: (17, "loss = f(x)")},
+def test_an_error_run_prints_each_ranks_traceback_and_error_whole(capsys, monkeypatch):
+    whole = ('  File "train-cell", line 17, in train\n    loss = f(x)\nRuntimeError: first line\n'
+             "second line for rank 0: 13 14\n hint naming find_unused_parameters")
+    run = Run("hanglab5", raised={0: (17, "loss = f(x)", BELOW), 1: (17, "loss = f(x)", BELOW)},
               messages={0: whole, 1: whole.replace("rank 0", "rank 1")}, errors={0: "RuntimeError: first line"})
     monkeypatch.setattr(hang_labs, "launch", lambda name, broken, notebook: run)
-    assert hang_labs.run_broken("hang5_unused") is run
+    hang_labs._predictions["hanglab5"] = hang_labs.Prediction({0: ("forward", 17)}, 0.0)
+    assert hang_labs.run_broken("hanglab5") is run
     assert capsys.readouterr().out.splitlines() == [
-        "the job failed; where each rank raised its error:",
-        "  rank 0: train-cell:17 in train(): loss = f(x)", "  rank 1: train-cell:17 in train(): loss = f(x)",
-        "rank 0's error, whole (rank 1's is the same, with its own rank):",
-        "  RuntimeError: first line", "  second line for rank 0: 13 14", "   hint naming find_unused_parameters"]
+        "the job failed; each rank's traceback, from train() down, and its error:", "rank 0:",
+        '    File "train-cell", line 17, in train', "      loss = f(x)", "  RuntimeError: first line",
+        "  second line for rank 0: 13 14", "   hint naming find_unused_parameters",
+        "rank 1: the same as rank 0's, with its own rank"]

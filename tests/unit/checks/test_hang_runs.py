@@ -29,7 +29,7 @@ Traceback (most recent call last):
     return fn(env, *args)
   File "train-cell", line 17, in train
     loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-  File "/x/torch/nn/parallel/distributed.py", line 1775, in _pre_forward
+  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1775, in _pre_forward
     if torch.is_grad_enabled() and self.reducer._rebuild_buckets():
 RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. You can enable \
 unused parameter detection by passing the keyword argument `find_unused_parameters=True` to ...
@@ -47,49 +47,56 @@ def test_where_each_rank_raised_and_its_whole_error_come_from_every_ranks_output
     linecache.cache["train-cell"] = (1, None, [f"line {i}\n" for i in range(1, 17)] + [
         "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)  # the loss\n"], "train-cell")
     raised, messages = hang_runs.tracebacks(ALL_LOG)
-    assert raised == {0: (17, "loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)")}
-    assert messages[0].startswith("RuntimeError: Expected to have finished reduction")
+    assert raised == {0: (17, "loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",
+                          ("_pre_forward",))}  # the functions below train()
+    assert messages[0].splitlines()[:4] == [  # from train() down, torch's paths from torch/
+        '  File "train-cell", line 17, in train',
+        "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",
+        '  File "torch/nn/parallel/distributed.py", line 1775, in _pre_forward',
+        "    if torch.is_grad_enabled() and self.reducer._rebuild_buckets():"]
+    assert messages[0].splitlines()[4].startswith("RuntimeError: Expected to have finished reduction")
     assert messages[0].endswith("either INFO or DETAIL")  # whole: torch's hint and the indices kept
     assert "find_unused_parameters=True" in messages[0] and "for rank 0: 13 14" in messages[0]
 
 
 def test_torchs_own_error_is_each_ranks_last_line_of_the_script_and_its_error():
     root = str(lab_root())
-    lines = [f'[rank1]:   File "{root}/exercises/hang3_shapes.py", line 78, in main\n',
+    lines = [f'[rank1]:   File "{root}/exercises/hanglab3.py", line 78, in main\n',
              "[rank1]:     train(cfg)\n",
-             f'[rank1]:   File "{root}/exercises/hang3_shapes.py", line 58, in train\n',
+             f'[rank1]:   File "{root}/exercises/hanglab3.py", line 58, in train\n',
              "[rank1]:     dist.all_reduce(epoch_loss)  # summed over the ranks\n",
              '[rank1]:   File "/venv/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n',
              "[rank1]:     work.wait()\n",
              "[rank1]: RuntimeError: [/__w/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation\n",
              "hangwatch: rank 0 has waited 1 s\n", "W1204 torchrun: closing\n"]
-    assert hang_runs._torch_said(lines, "exercises/hang3_shapes.py") == {1: [
-        '   File "exercises/hang3_shapes.py", line 58, in train',
+    assert hang_runs._torch_said(lines, "exercises/hanglab3.py") == {1: [
+        '   File "exercises/hanglab3.py", line 58, in train',
         "     dist.all_reduce(epoch_loss)  # summed over the ranks",
         " RuntimeError: [/__w/gloo/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation"]}
 
 
 def test_the_terminal_command_is_the_one_a_learner_types():
-    assert hang_runs.terminal_command("hang3_shapes", 30) == (
-        "torchrun --nproc_per_node=2 exercises/hang3_shapes.py --limit 447 --epochs 1 --batch-size 32 --timeout 30")
-    assert hang_runs.terminal_command("hang2_uneven", 3, watch=True) == (
-        "torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hang2_uneven.py --limit 447 --epochs 1 "
+    assert hang_runs.terminal_command("hanglab3", 30) == (
+        "torchrun --nproc_per_node=2 exercises/hanglab3.py --limit 447 --epochs 1 --batch-size 32 --timeout 30")
+    assert hang_runs.terminal_command("hanglab2", 3, watch=True) == (
+        "torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hanglab2.py --limit 447 --epochs 1 "
         "--batch-size 16 --timeout 3")
-    text = (build.EXERCISES / "hang3_shapes.py").read_text().splitlines()
-    before = hang_runs.train_offset("exercises/hang3_shapes.py")
+    text = (build.EXERCISES / "hanglab3.py").read_text().splitlines()
+    before = hang_runs.train_offset("exercises/hanglab3.py")
     assert text[before].startswith("def train(")  # the script's line before + n is the cell's line n
 
 
 def test_a_labs_cells_run_as_the_bug_or_as_the_fix(monkeypatch):
     """From the solution notebook: the exercise form puts the bug back, the solution form runs the fix."""
     monkeypatch.setattr(scripts, "_ran", {})
-    broken = hang_runs.load("hang1_rank0_only", broken=True)
+    broken = hang_runs.load("hanglab1", broken=True)
     assert callable(broken["train"]) and callable(broken["replica_spread"])
     text = "".join(linecache.getlines(hang_runs.TRAIN_CELL))
-    assert "if rank == 0 else None" in text and "BROKEN" not in text  # what the watch will quote
-    hang_runs.load("hang1_rank0_only", broken=False, edit=lambda s: s.replace("epoch + 1", "epoch + 2"))
+    bug = "loss {global_mean(total / steps, device):.4f}"
+    assert bug in text and "BROKEN" not in text  # what torch's traceback will quote
+    hang_runs.load("hanglab1", broken=False, edit=lambda s: s.replace("epoch + 1", "epoch + 2"))
     text = "".join(linecache.getlines(hang_runs.TRAIN_CELL))
-    assert "if rank == 0 else None" not in text and "epoch + 2" in text
+    assert bug not in text and "epoch + 2" in text
     with pytest.raises(WorkshopError, match="no hang lab named 'hang9'"):
         hang_runs.load("hang9", broken=True)
 
@@ -98,9 +105,9 @@ def test_the_cells_are_taken_as_last_run(monkeypatch):
     import nbformat
 
     nb = nbformat.read(build.NOTEBOOKS / hang_runs.NOTEBOOK, as_version=4)
-    cell = next(c for c in nb.cells if "script:hang3_shapes" in c.metadata.get("tags", []) and "def train(" in c.source)
+    cell = next(c for c in nb.cells if "script:hanglab3" in c.metadata.get("tags", []) and "def train(" in c.source)
     monkeypatch.setattr(scripts, "_ran", {cell.id: "def train(cfg, rank, world_size, device):\n    return 'mine'"})
-    assert hang_runs.load("hang3_shapes", broken=True)["train"](None, 0, 2, None) == "mine"
+    assert hang_runs.load("hanglab3", broken=True)["train"](None, 0, 2, None) == "mine"
     monkeypatch.setattr(scripts, "_ran", {cell.id: "def trian(cfg, rank, world_size, device):\n    pass"})
     with pytest.raises(WorkshopError, match="define no train"):
-        hang_runs.load("hang3_shapes", broken=True)
+        hang_runs.load("hanglab3", broken=True)

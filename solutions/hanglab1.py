@@ -1,12 +1,12 @@
 # Generated from notebooks/05_when_it_hangs.ipynb by `python -m tools.build`: do not edit.
-# Edit the cells tagged script:hang1_rank0_only, then rebuild.
+# Edit the cells tagged script:hanglab1, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 60
+    torchrun --nproc_per_node=2 exercises/hanglabN.py --limit 447 --epochs 1 --batch-size 32 --timeout 60
 
 exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose`
-in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_...`
-runs it with the hang watch attached. The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.
+in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hanglabN.py`
+runs it with the hang watch attached. The notebook gives each lab its batch size (BATCH in workshop_lib/checks/hang_runs.py).
 """
 
 import os
@@ -32,6 +32,13 @@ def replica_spread(model: torch.nn.Module, world_size: int) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def global_mean(value: float, device: torch.device) -> float:
+    """The mean of ``value`` over the ranks. An all_reduce."""
+    total = torch.tensor([value], device=device)  # (1,)
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
 def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
     splits = load_splits(cfg)
     sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
@@ -52,12 +59,11 @@ def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) ->
             loss.backward()
             optimizer.step()
             steps, total = steps + 1, total + loss.item()
-        spread = replica_spread(model, world_size) if rank == 0 else None  # the replicas' largest difference
-        epoch_loss = torch.tensor([total / steps], device=device)  # (1,) this rank's mean training loss
-        dist.all_reduce(epoch_loss)  # summed over the ranks
+        spread = replica_spread(model, world_size)  # the replicas' largest difference
+        loss = global_mean(total / steps, device)  # the ranks' mean training loss
         if rank == 0:
             dev_auc = evaluate(model.module, dev_loader, device)
-            print(f"epoch {epoch + 1}: {steps} steps, loss {epoch_loss.item() / world_size:.4f}, "
+            print(f"epoch {epoch + 1}: {steps} steps, loss {loss:.4f}, "
                   f"dev ROC AUC {dev_auc:.4f}, replica spread {spread:g}")
     spread = replica_spread(model, world_size)
     if rank == 0:

@@ -1,12 +1,12 @@
 # Generated from notebooks/05_when_it_hangs.ipynb by `python -m tools.build`: do not edit.
-# Edit the cells tagged script:hang2_uneven, then rebuild.
+# Edit the cells tagged script:hanglab4, then rebuild.
 """A lab script of notebooks/05_when_it_hangs.ipynb: a small step 3 (DDP, rank-0 evaluation) with one bug to fix.
 
-    torchrun --nproc_per_node=2 exercises/hangN_....py --limit 447 --epochs 1 --batch-size 32 --timeout 60
+    torchrun --nproc_per_node=2 exercises/hanglabN.py --limit 447 --epochs 1 --batch-size 32 --timeout 60
 
 exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose`
-in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hangN_...`
-runs it with the hang watch attached. The notebook runs lab 2 with --batch-size 16 and lab 4 with 48.
+in a second terminal prints each rank's stack; `torchrun --nproc_per_node=2 -m workshop_lib.watch exercises/hanglabN.py`
+runs it with the hang watch attached. The notebook gives each lab its batch size (BATCH in workshop_lib/checks/hang_runs.py).
 """
 
 import os
@@ -32,14 +32,21 @@ def replica_spread(model: torch.nn.Module, world_size: int) -> float:
     return max((w - everyone[0]).abs().max().item() for w in everyone)
 
 
+def global_mean(value: float, device: torch.device) -> float:
+    """The mean of ``value`` over the ranks. An all_reduce."""
+    total = torch.tensor([value], device=device)  # (1,)
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
 def train(cfg: TrainConfig, rank: int, world_size: int, device: torch.device) -> None:
     splits = load_splits(cfg)
-    train_set = torch.utils.data.Subset(splits.train, range(rank, len(splits.train), world_size))  # to train on
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=cfg.seed)
-    loader = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate)
+    sampler = DistributedSampler(splits.train, num_replicas=world_size, rank=rank, seed=cfg.seed)
+    loader = DataLoader(splits.train, batch_size=cfg.batch_size, sampler=sampler, collate_fn=collate)
     dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)
     torch.manual_seed(cfg.seed)
     model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
+    model.head.insert(1, torch.nn.BatchNorm1d(cfg.hidden))  # normalise the head's hidden layer
     model = DDP(model.to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):

@@ -210,7 +210,11 @@ def episode_notebook(ep: Episode, questions: list[str]):
             continue
         if cell.cell_type == "markdown" and re.match(r"## Recap", cell.source):
             cell.source = keypoints(cell.source)
-        if cell.cell_type == "code" and spans.has_spans(cell.source):
+        if cell.cell_type == "code" and spans.PREDICTION_BEGIN in cell.source:  # the instructor's, folded
+            cell.source = spans.solution_source(cell.source)
+            cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
+            cell.metadata["mystnb"] = {"code_prompt_show": "Show a prediction", "code_prompt_hide": "Hide it"}
+        elif cell.cell_type == "code" and spans.BEGIN in cell.source:
             cells.append(_markdown(exercise_box(cell.source, ep), f"{cid}-exercise"))
             cell.metadata["tags"] = [*cell.metadata.get("tags", []), "hide-input"]
             cell.metadata["mystnb"] = {"code_prompt_show": "Show the solution", "code_prompt_hide": "Hide the solution"}

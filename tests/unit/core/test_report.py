@@ -31,7 +31,7 @@ def test_the_header_comes_at_once_and_out_is_created(tmp_path, splits, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("data: ") and out[0].endswith(f"{len(splits.train)} train / {len(splits.dev)} dev / "
                                                            f"{len(splits.heldout)} heldout molecules")
-    assert out[1].endswith("batch 64 per process x 2 process(es) = global batch 128")
+    assert out[1].endswith("batch 64 per process x 2 processes (global batch 128 under DDP)")
     assert (tmp_path / "out").is_dir() and list((tmp_path / "out").iterdir()) == []  # the write test left nothing
 
 

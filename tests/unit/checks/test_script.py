@@ -89,7 +89,7 @@ MISTAKES = [
     ("rank0_stops_early_step4", STEP4, [(SNAPSHOT, SNAPSHOT + EARLY)],  # the watch's line, as either rank saw it
      "rank 0 left the training loop early (after 1 epoch(s) of 2 and 2 optimizer step(s)) and waits after it: rank "),
     # 4. A second DistributedSampler, on the dev loader, while rank 0 alone evaluates.
-    ("dev_sampler", STEP3, [("dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)",
+    ("dev_sampler", STEP2, [("dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)",
                              "dev_loader = DataLoader(splits.dev, batch_size=256, sampler=DistributedSampler("
                              "splits.dev, shuffle=False), collate_fn=collate)")],
      "rank 0 evaluated 18 of the 36 dev molecules in epoch 1: the dev loader has a DistributedSampler (line "
@@ -148,9 +148,9 @@ MISTAKES = [
                                                   '            torch.save(model.module.state_dict(), cfg.out / '
                                                   '"model.pt")\n')],
      "ranks 0 and 1 all saved model.pt"),
-    ("loss_max", STEP3, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.MAX)"))],
+    ("loss_max", STEP2, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.MAX)"))],
      "the totals were all-reduced with op=MAX (line <<dist.all_reduce(totals>>)"),
-    ("loss_of_rank_0", STEP3, [(TOTALS, "")], "is rank 0's molecules alone: all_reduce the [loss sum, molecules]"),
+    ("loss_of_rank_0", STEP2, [(TOTALS, "")], "is rank 0's molecules alone: all_reduce the [loss sum, molecules]"),
     ("snapshot_never_saved", STEP4, [(SNAPSHOT, "")], "no snapshot.pt in --out after the run"),
     ("snapshot_of_the_wrong_epoch", STEP4, [('snapshot = {"epoch": epoch,', 'snapshot = {"epoch": 0,')],
      "the snapshot holds epoch 1 of 2: save at the end of every epoch"),
@@ -183,7 +183,7 @@ ACCEPTED = [
     ("optimizer_before_wrap", STEP3, [(WRAP, ""), ("        report = Reporter(", WRAP + "        report = Reporter(")]),
     ("per_rank_seed_before_wrap", STEP3, [("        torch.manual_seed(cfg.seed)\n",
                                            "        torch.manual_seed(cfg.seed + rank)  # DDP broadcasts rank 0's\n")]),
-    ("reduce_op_avg", STEP3, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.AVG)"))]),
+    ("reduce_op_avg", STEP2, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.AVG)"))]),
     ("sampler_with_replicas_and_rank", STEP2, [(SAMPLER, SAMPLER.replace(
         "shuffle=True", "num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True"))]),
     ("init_without_timeout", STEP1, [(CPU_INIT, '        dist.init_process_group("gloo")\n')]),

@@ -1,23 +1,17 @@
-"""Running a function defined in the notebook on N ranks, each with a ready process group.
+"""A function defined in the notebook, run on N ranks that each join a process group: :func:`notebook_launch`.
 
-:func:`notebook_launch` starts the ranks with ``torch.multiprocessing.start_processes``
-(through :class:`workshop_lib.lab.ranks.Ranks`, the lab's one way to start ranks), and
-returns what each rank returned.
-
-How the ranks start (:func:`start_method`): forked from the kernel on Linux (the
-fastest: a rank inherits everything the kernel has imported and defined), spawned
-elsewhere (macOS, where fork is unsafe, and Windows, which has none): a fresh
-Python that gets the notebook's function, its arguments and what they use from
-the notebook by value (cloudpickle, as loky and Ray ship functions), and sends
-its result back the same way. ``WORKSHOP_START_METHOD=spawn`` forces spawn on
-Linux: CI runs the notebooks so, the code path of macOS and Windows.
+The ranks start through :class:`workshop_lib.lab.ranks.Ranks`: forked on Linux, spawned elsewhere (or where
+``WORKSHOP_START_METHOD=spawn``), the function then sent by value (:mod:`workshop_lib.lab.spawning`).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,11 +19,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import rank_logs, spawning
+from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.lab import spawning
 from workshop_lib.lab.launch import LaunchError
 from workshop_lib.lab.ranks import Ranks, lab_env
-from workshop_lib.lab.spawning import start_method
 
 
 class LaunchTimeout(LaunchError):
@@ -45,10 +38,7 @@ class RanksFailed(LaunchError):
 
 
 class HangError(LaunchError):
-    """The ranks hang in a collective that one of them never joined; ``diagnosis`` says who and where, in one line.
-
-    ``record``: the file where the hang watch saved its block (:func:`workshop_lib.debug.hangreport.load`).
-    """
+    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file."""
 
     def __init__(self, message: str, diagnosis: str, record: Path | None = None):
         super().__init__(message)
@@ -56,11 +46,7 @@ class HangError(LaunchError):
 
 
 def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
-    """What each rank runs: send its output to its own log, join the group, call ``fn(env, *args)``.
-
-    A spawned rank gets ``fn`` as bytes (:func:`workshop_lib.lab.spawning.pack`: the function, its arguments
-    and the notebook's source lines), and returns its result by value too.
-    """
+    """What each rank runs: its output to its own log, join the group, ``fn(env, *args)`` (bytes: spawned, by value)."""
     # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
     # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
     # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
@@ -94,10 +80,14 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))
     try:
         result = fn(env, *args)
-        return spawning.pack_result(result) if shipped else result
+        if shipped:  # by value: a class defined in the notebook comes back as that class
+            import cloudpickle
+
+            return cloudpickle.dumps(result)
+        return result
     except BaseException as err:
         traceback.print_exc()  # into this rank's log: the error names the file
-        rank_logs.record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
+        _record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
         raise
     finally:
         hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
@@ -105,32 +95,28 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
         log.flush()
 
 
-def _hang_in_logs(log_dir: str) -> str | None:
-    """One line from the hang watch's saved block (who waits where; who never arrived), once a watch has saved one."""
-    from workshop_lib.debug import hangreport
+def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
+    """In a failing rank: 'rank R raised X: message (File ..., line N, in f)' at the learner's innermost line."""
+    from workshop_lib.debug import frames
 
-    return hangreport.missing_rank(Path(log_dir) / "hang.json")
+    stack = traceback.extract_tb(err.__traceback__)
+    last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
+    where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
+    line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
+    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000]}))
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
                     hang_after: float | None = None, group_timeout: float | None = None) -> list:
-    """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order.
+    """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order, and show rank 0's output.
 
-    ``torch.multiprocessing.start_processes`` (:class:`workshop_lib.lab.ranks.Ranks`) starts the ranks, forked on
-    Linux, else spawned with ``fn`` and ``args`` sent by value (:func:`start_method`), with the variables torchrun
-    would set; each rank then joins a process group (:func:`workshop_lib.lab.joining.join`) and gets its DistEnv.
-    What the ranks print goes to per-rank log files; rank 0's output is shown after the run. A failure raises a
-    LaunchError with one line per failed rank and the name of the file that holds every rank's output. The stop
-    button stops every rank at once.
-
-    ``hang_after``: seconds a collective may wait before the ranks count as hung
-    (:mod:`workshop_lib.debug.hangwatch` then names the rank that never arrived, and a
-    HangError stops the launch early); None waits out ``timeout``. ``group_timeout``: the process group's own
-    timeout, when it is to end a hang before ``timeout`` does (torch's error then says where each rank waited).
+    A failure raises a LaunchError, a line per failed rank and the file with every rank's output; the stop button
+    stops every rank. ``hang_after``: seconds a collective may wait before the hang watch names the rank that never
+    came (a HangError). ``group_timeout``: the process group's own timeout, if it is to end a hang first.
     """
     import torch
 
-    method = start_method()  # fork on Linux (WSL included); spawn on macOS and Windows, or where forced
+    method = spawning.start_method()
     if method == "fork" and torch.cuda.is_initialized():
         raise WorkshopError("CUDA is already initialised in this kernel, and forked ranks cannot use it; "
                             "restart the kernel and call notebook_launch before any CUDA work, or use launch.torchrun")
@@ -149,29 +135,65 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     finally:
         ranks.stop()
         gc.unfreeze()
-    if done.is_failed():
-        lines = rank_logs.failures(log_dir, done)
-        raise RanksFailed(rank_logs.failure_report(name, lines, log_dir), lines, rank_logs.details(log_dir))
-    rank_logs.show_rank0(log_dir)
+    if done.failed:
+        recorded = [json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.error"))]
+        lines = [r["line"] for r in recorded] or [  # else killed, or ended without raising (os._exit, a crash in C)
+            f"rank {rank} failed with exit code {code}" for rank, code in sorted(done.failed.items())]
+        raise RanksFailed(_report(name, lines, log_dir), lines, [r["detail"] for r in recorded])
+    shown = _rank_logs(log_dir).get(0, "")
+    if shown:
+        print(shown, end="" if shown.endswith("\n") else "\n", flush=True)
     shutil.rmtree(log_dir, ignore_errors=True)
-    return [spawning.unpack_result(done.values[r]) if method == "spawn" else done.values[r] for r in sorted(done.values)]
+    values = [done.values[r] for r in sorted(done.values)]
+    return [pickle.loads(v) for v in values] if method == "spawn" else values
 
 
 def _wait(ranks: Ranks, name: str, timeout: float, log_dir: str, hang_after: float | None):
     """Poll the ranks until they are done, the time is up, or the watch has named a hang (then stop them)."""
+    from workshop_lib.debug import hangreport
+
     deadline = time.monotonic() + timeout
     while (done := ranks.poll()) is None:
         if time.monotonic() > deadline:
-            rank_logs.dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
+            _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
             ranks.stop()
-            raise LaunchTimeout(rank_logs.failure_report(name, [f"notebook_launch of {name} did not finish within "
-                                                                f"{timeout:g}s"], log_dir))
-        hang = _hang_in_logs(log_dir) if hang_after is not None else None
+            raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"],
+                                        log_dir))
+        hang = hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
         if hang:  # the watch saves its block whole, after printing it
             ranks.stop()
-            raise HangError(rank_logs.failure_report(name, [f"the ranks hang: {hang}"], log_dir), hang,
-                            Path(log_dir) / "hang.json")
+            raise HangError(_report(name, [f"the ranks hang: {hang}"], log_dir), hang, Path(log_dir) / "hang.json")
         time.sleep(0.02)
     return done
 
 
+def _dump_stacks(path: Path) -> None:
+    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
+    import psutil
+
+    from workshop_lib.debug.stacks import pyspy_dump
+
+    parts = []
+    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
+        try:
+            done = pyspy_dump(child.pid, native=True, timeout=15)
+            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
+            parts.append(f"----- pid {child.pid}: no stack ({err})")
+    path.write_text("\n".join(parts) or "no child processes left")
+
+
+def _rank_logs(log_dir: str) -> dict[int, str]:
+    """{rank: everything it printed}."""
+    return {int(p.stem[4:]): p.read_text(errors="replace") for p in sorted(Path(log_dir).glob("rank*.log"))}
+
+
+def _report(name: str, failures: list[str], log_dir: str) -> str:
+    """The failed ranks, one line each, and the file with every rank's output (kept for reading)."""
+    path = Path(log_dir) / "all.log"
+    parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
+    stacks = Path(log_dir) / "stacks.log"
+    if stacks.is_file():  # after a timeout: where every process was
+        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
+    path.write_text("\n".join(parts))
+    return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

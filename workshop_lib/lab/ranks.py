@@ -1,19 +1,10 @@
-"""The one way the lab starts ranks from Python: ``torch.multiprocessing.start_processes``.
+"""The one way the lab starts ranks from Python: ``torch.multiprocessing.start_processes``, as accelerate does.
 
-:func:`notebook_launch <workshop_lib.lab.forklaunch.notebook_launch>` (a notebook's function on N ranks) and the
-script checker (:mod:`workshop_lib.checks.runner`, a learner's script on 2 ranks) both start their ranks with
-:class:`Ranks`, as accelerate's ``notebook_launcher`` does: each rank gets the variables torchrun would give it
-(:func:`lab_env`). A step script runs as learners run it, under ``torchrun`` (:mod:`workshop_lib.lab.launch`).
-
-The caller polls (:meth:`Ranks.poll`) in its own loop, so its time limit, a hang the watch has named and the stop
-button (a KeyboardInterrupt in that loop) are plain Python, in the main thread, on every system. Two things are
-done here that torch leaves to its caller:
-
-- A stop (SIGINT, SIGTERM) that comes while the ranks are being started is held until they all exist (a handler
-  that only notes it), then sent again to the caller's handler: raised inside a fork, Python could drop it, or
-  leave a rank that nobody knows of.
-- A rank that failed ends the others at once (SIGKILL): a rank blocked in a collective or a store's wait runs no
-  Python signal handler, and ``ProcessContext.join`` would give it 30 s after SIGTERM.
+:func:`~workshop_lib.lab.forklaunch.notebook_launch` and the script checker (:mod:`workshop_lib.checks.runner`) use
+:class:`Ranks`; a step script runs under torchrun (:mod:`workshop_lib.lab.launch`). The caller polls, so its time
+limit and the stop button are plain Python. Two things torch leaves to its caller are done here: a stop during the
+start is held until every rank exists, and a failed rank ends the others at once (SIGKILL: a rank blocked in a
+collective runs no signal handler, and ``ProcessContext.join`` would wait 30 s after SIGTERM).
 """
 
 from __future__ import annotations
@@ -67,15 +58,12 @@ class Result:
     values: dict[int, object] = field(default_factory=dict)
     failed: dict[int, int | None] = field(default_factory=dict)  # rank: exit code (negative: the signal)
 
-    def is_failed(self) -> bool:
-        return bool(self.failed)
-
 
 class Ranks:
-    """``entry(*args[r])`` in ``len(args)`` processes, with ``envs[r]`` added to each one's environment.
+    """``entry(*args[r])`` in ``len(args)`` processes, ``envs[r]`` added to each one's environment.
 
-    Create it, then :meth:`start` inside the ``try`` whose handler calls :meth:`stop`: a stop that comes during the
-    start reaches the caller once every rank exists, and the handler then finds them all.
+    Call :meth:`start` inside the ``try`` whose handler calls :meth:`stop`: a stop during the start reaches the
+    caller once every rank exists, and the handler then finds them all.
     """
 
     def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str):

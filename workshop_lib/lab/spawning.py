@@ -1,11 +1,7 @@
-"""How notebook_launch's ranks start (fork or spawn), and what a spawned rank gets by value.
+"""Fork or spawn (:func:`start_method`), and what a spawned rank gets by value: the cell's function (:func:`pack`).
 
-A forked rank is a copy of the kernel: it has the notebook's functions already.
-A spawned rank is a fresh Python, which cannot import a function defined in a
-cell. :func:`pack` sends it the function, its arguments and what they use from the
-notebook by value, with cloudpickle (as loky and Ray ship functions), and the cells'
-source lines, so that the rank's tracebacks and the hang watch show them; the
-rank sends its result back the same way (:func:`pack_result`).
+A spawned rank is a fresh Python that cannot import a function defined in a cell: cloudpickle sends it the
+function, its arguments and the cells' source lines (so tracebacks and the hang watch show them).
 """
 
 from __future__ import annotations
@@ -27,11 +23,9 @@ START_METHOD = "WORKSHOP_START_METHOD"  # fork | spawn: how notebook_launch star
 
 
 def start_method() -> str:
-    """``WORKSHOP_START_METHOD`` if set, else fork on Linux and spawn elsewhere.
+    """``WORKSHOP_START_METHOD`` if set, else fork on Linux (the fastest) and spawn elsewhere.
 
-    Fork is the fastest (a rank starts with everything the kernel has imported); on
-    macOS it is unsafe (system frameworks may hold locks across it) and Windows has none.
-    CI sets spawn on Linux to run the code path of macOS and Windows.
+    Fork is unsafe on macOS (system frameworks may hold locks across it), and Windows has none.
     """
     asked = os.environ.get(START_METHOD, "").strip().lower()
     if not asked:
@@ -45,11 +39,7 @@ def start_method() -> str:
 
 @functools.cache
 def _pickler() -> type:
-    """cloudpickle's Pickler, keeping each function's file name (cloudpickle 3.1 writes ``<dynamic-code>``).
-
-    A spawned rank's traceback, and the hang watch's report, then name the cell and
-    show its line, as a forked rank's do.
-    """
+    """cloudpickle's Pickler, keeping each function's file name (3.1 writes ``<dynamic-code>``): tracebacks name the cell."""
     import cloudpickle
     from cloudpickle import cloudpickle as implementation
 
@@ -88,14 +78,3 @@ def unpack(packed: bytes) -> tuple[Callable, tuple]:
     fn, args, lines = pickle.loads(packed)
     linecache.cache.update(lines)
     return fn, args
-
-
-def pack_result(result) -> bytes:
-    """A spawned rank's result by value: a class defined in the notebook comes back as that class."""
-    import cloudpickle
-
-    return cloudpickle.dumps(result)
-
-
-def unpack_result(packed: bytes):
-    return pickle.loads(packed)

@@ -1,8 +1,6 @@
-"""The entry-point wrapper of the lab's commands (check, diagnose, watch) and of the course's (tools/: build, site).
+"""The entry-point wrapper of the lab's commands (check, diagnose, watch) and the course's (tools/).
 
-A tool's problem (:class:`~workshop_lib.errors.WorkshopError`) becomes one line on
-stderr and exit code 2; Ctrl-C, one line and 130. Bad input to the core
-(:class:`~workshop_lib.errors.InputError`) already is one line, and passes through.
+A :class:`~workshop_lib.errors.WorkshopError` becomes one line on stderr and exit code 2; Ctrl-C, one line and 130.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Collectives as boxes: what each rank holds before, and after all_reduce, broadcast, all_gather, reduce_scatter.
 
-:func:`before_after` draws a real run: the dicts a notebook's function returned
-on each rank (``forklaunch.notebook_launch``), each holding the rank's tensor
-``"before"`` and what each collective left it. It prints what every rank holds
-after each collective, and asserts what the collective promises.
+:func:`before_after` draws the dicts a notebook's function returned on each rank, prints what each holds after
+each collective, and asserts what the collective promises.
 """
 
 from __future__ import annotations

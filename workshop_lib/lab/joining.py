@@ -1,9 +1,7 @@
-"""Joining a process group for code that is not a lesson: forked notebook ranks, the checks, test workers.
+"""Joining a process group for the lab's own ranks (notebook ranks, the checks, test workers): :func:`join`.
 
-A step script joins in view, with ``dist.init_process_group(backend)``. The
-lab's own ranks join here instead, on a store they are given (a forked rank
-must not resolve host names; see :mod:`workshop_lib.lab.forklaunch`), and get
-a :class:`DistEnv` that the notebook's functions take as ``env``.
+A step script joins in view, with ``dist.init_process_group(backend)``; these join on a store they are given,
+and get the :class:`DistEnv` a notebook's function takes as ``env``.
 """
 
 from __future__ import annotations
@@ -65,12 +63,8 @@ def leave() -> None:
 def let_gloo_finish(seconds: float = 0.1) -> None:
     """Give gloo's worker thread the GIL for a moment before the group can be destroyed.
 
-    After a collective, that thread drops its work object, and with it the last
-    reference to a Python tensor: it needs the GIL for that. Destroying a gloo group
-    joins the thread while holding the GIL, so if the thread has not got there yet,
-    both wait for ever (seen on torch 2.13, when a forked rank that had just
-    all-gathered failed and its DDP model was freed with the traceback). Sleeping
-    releases the GIL.
+    That thread needs the GIL to drop a collective's last tensor; destroying the group joins it holding the GIL,
+    so both would wait for ever (seen on torch 2.13, a forked rank failing right after an all_gather).
     """
     try:
         gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"

@@ -1,10 +1,7 @@
-"""Launching a step script under torchrun from a notebook cell.
+"""A step script under torchrun from a notebook cell (:func:`torchrun`), as a learner would run it in a terminal.
 
-:func:`torchrun` runs ``python -m torch.distributed.run`` exactly as a learner
-would in a terminal, with the hang watch attached from outside (``-m
-workshop_lib.watch``), shows rank 0's lines (or every rank's, labelled) and a
-progress bar, and returns rank 0's metrics.json. (Functions defined in the
-notebook run on forked ranks through :mod:`workshop_lib.lab.forklaunch`.)
+The hang watch is attached from outside (``-m workshop_lib.watch``); rank 0's lines and a progress bar are shown,
+and rank 0's metrics.json returned. (A function defined in the notebook runs through :mod:`~.forklaunch`.)
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from workshop_lib.paths import lab_root
 
 TAIL_LINES = 40
 WATCH = ("-m", "workshop_lib.watch")  # torchrun's way to run a module: the script then runs with the hang watch
-RESTART_VARIABLE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # in torchrun's environment when it may restart the group
 _RANK_PREFIX = re.compile(r"^\[(?P<role>[A-Za-z_]+)(?P<rank>\d+)\]:(?P<text>.*)$")
 _EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)\s")
 
@@ -57,9 +53,6 @@ class RunResult(dict):
         return [line[len(tag):] for line in self.output if line.startswith(tag)]
 
 
-# ---------------------------------------------------------------------------- torchrun
-
-
 def _display_path(path: Path) -> str:
     path = Path(path)
     try:
@@ -69,7 +62,7 @@ def _display_path(path: Path) -> str:
 
 
 def _resolve(path: str | os.PathLike) -> Path:
-    """Relative paths are relative to the clone's root (:func:`~workshop_lib.paths.lab_root`), as in the printed command."""
+    """Relative to the clone's root (:func:`~workshop_lib.paths.lab_root`), as in the printed command."""
     path = Path(path)
     return path if path.is_absolute() else lab_root() / path
 
@@ -137,34 +130,24 @@ class _EpochBar:
 
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
              timeout: float = 600, progress: bool = True, show: str | None = "rank0", watch: bool = True,
-             max_restarts: int = 0, env: dict[str, str] | None = None) -> RunResult:
+             env: dict[str, str] | None = None) -> RunResult:
     """Run ``torchrun --standalone --nproc_per_node=NPROC [-m workshop_lib.watch] SCRIPT ARGS``; return rank 0's metrics.
 
-    Relative paths are relative to the repository root. ``--out`` is taken
-    from ``args``, else from ``out``, else a fresh directory under runs/ is
-    added (``out=False``: add none, for scripts without ``--out``). ``progress``
-    draws a bar fed by rank 0's "epoch k/N" lines. ``show="rank0"`` prints rank
-    0's lines, ``"all"`` every line with its rank (in arrival order, which varies),
-    None nothing (read ``result.output``); on failure the error carries the last
-    lines of every rank either way. ``watch``: the script runs with the hang watch
-    attached from outside (:mod:`workshop_lib.watch`): a collective that waits too
-    long names the rank it waits for. ``max_restarts``: torchrun restarts the
-    group that often (with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see :func:`start_job`). ``env``: more
-    variables for the job, e.g. ``{"CUDA_VISIBLE_DEVICES": ""}`` to run on the CPU (Gloo) on a GPU node.
+    Paths are relative to the repository root. ``--out``: from ``args``, else ``out``, else a fresh folder under
+    runs/ (``out=False``: none). ``show``: "rank0" prints rank 0's lines, "all" every line with its rank, None
+    nothing (read ``result.output``). ``env``: more variables, e.g. ``{"CUDA_VISIBLE_DEVICES": ""}``.
     """
     if show not in ("rank0", "all", None):
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
     script, args, out_dir = _arguments(script, args, out)
     epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
-    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
-    command = " ".join([*([f"{RESTART_VARIABLE}=1"] if max_restarts else []), "torchrun", "--standalone",
-                        f"--nproc_per_node={nproc}", *restarts, *(WATCH if watch else []), _display_path(script),
-                        *map(shlex.quote, args)])
+    command = " ".join(["torchrun", "--standalone", f"--nproc_per_node={nproc}", *(WATCH if watch else []),
+                        _display_path(script), *map(shlex.quote, args)])
     print(f"$ {command}", flush=True)
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
     start, started_at = time.perf_counter(), time.time()
     # --tee 3 copies every rank's stdout and stderr to our pipe, each line prefixed "[default<rank>]:".
-    proc = start_job(script, args, nproc, [*restarts, "--tee", "3", "--log-dir", log_dir], env=env, watch=watch)
+    proc = start_job(script, args, nproc, ["--tee", "3", "--log-dir", log_dir], env=env, watch=watch)
     bar = _EpochBar(epochs, progress)
     try:
         output = _follow(proc, show, bar, start + timeout, timeout)
@@ -206,29 +189,18 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
     return script, args, out_dir
 
 
-def _restarts(flags: Sequence[str]) -> bool:
-    """Do torchrun's flags let it restart the group (--max-restarts N, N > 0)?"""
-    value = _flag_value(flags, "--max-restarts") or _flag_value(flags, "--max_restarts") or "0"
-    return value.strip() not in ("", "0")
-
-
 def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
-              stdout=subprocess.PIPE, env: dict[str, str] | None = None, watch: bool = False) -> subprocess.Popen:
-    """``torchrun --standalone --nproc_per_node=N [-m workshop_lib.watch] script args`` in a session of its own.
+              env: dict[str, str] | None = None, watch: bool = False) -> subprocess.Popen:
+    """``torchrun --standalone --nproc_per_node=N [-m workshop_lib.watch] script args``, in a session of its own.
 
-    How the lab starts a job. One thread per rank unless OMP_NUM_THREADS says otherwise; ``env`` adds variables.
-    ``watch``: attach the hang watch from outside (WORKSHOP_HANG_RECORD and WORKSHOP_HANG_AFTER in the
-    environment reach it). With ``--max-restarts`` in ``torchrun_flags``, TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
-    torch 2.13's agent otherwise shares its TCP store with the workers, and a restarted round can dial the
-    dead round's ranks (docs/reference/restarts.md). Stop it with :func:`workshop_lib.lab.processes.kill_tree`.
+    The lab's one way to start a job: one thread per rank unless OMP_NUM_THREADS says otherwise, its lines on a
+    pipe. Stop it with :func:`workshop_lib.lab.processes.kill_tree`.
     """
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             *torchrun_flags, *(WATCH if watch else []), str(script), *map(str, args)]
-    restarts = {RESTART_VARIABLE: "1"} if _restarts(torchrun_flags) else {}
-    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **restarts, **(env or {})}
-    text = {"text": True, "bufsize": 1} if stdout is subprocess.PIPE else {}
-    return subprocess.Popen(argv, cwd=lab_root(), env=full_env, stdout=stdout, stderr=subprocess.STDOUT,
-                            start_new_session=True, **text)
+    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen(argv, cwd=lab_root(), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True, bufsize=1)
 
 
 def _follow(proc: subprocess.Popen, show: str | None, bar, deadline: float, timeout: float) -> list[str]:
@@ -280,9 +252,9 @@ def _failure(what: str, output: Sequence[str]) -> str:
 
 
 def free_port() -> int:
-    """A port that was free a moment ago, for what must know its port before it starts (a second node, SLURM,
-    a JupyterLab server). Where the program can bind port 0 itself and report it (torchrun --standalone,
-    notebook_launch), let it: another process can take this one before it is used.
+    """A port free a moment ago, for what must know its port before it starts (a second node, a JupyterLab server).
+
+    Where a program can bind port 0 itself (torchrun --standalone), let it: another process can take this one first.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -1,11 +1,8 @@
-"""What frees a rank that waits in a collective when another rank fails: a demo on two forked Gloo ranks.
+"""What frees a rank that waits in a collective when another rank fails: :func:`demo` on two Gloo ranks (01).
 
-Rank 0 waits in an all_reduce that rank 1 will never join: rank 1 has failed (an
-error it catches, standing in for a bug in its training). :func:`demo` runs this
-twice, once with rank 1 leaving the group in its ``finally`` and living on, once
-with rank 1 living on without leaving until its process ends. It prints when
-rank 0 was released, relative to rank 1's life, and asserts it: with Gloo, a
-waiting rank is released when the failed rank's connections close.
+Rank 1 fails (an error it catches), once leaving the group in its ``finally`` and living on, once living on
+without leaving; rank 0 waits in an all_reduce it never joins. With Gloo, rank 0 is released when rank 1's
+connections close.
 """
 
 from __future__ import annotations

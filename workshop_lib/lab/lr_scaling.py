@@ -1,9 +1,7 @@
-"""Learning rate against global batch: the rules, and the measured runs of ``benchmarks/lr_scaling.py`` as a figure.
+"""Learning rate against global batch: the rules (none, sqrt(k), linear k), and ``benchmarks/lr_scaling.py``'s runs.
 
-With k = the global batch / the one the learning rate was tuned at, the rules
-give lr x 1 (none), lr x sqrt(k) (the usual start for Adam-type optimizers) or
-lr x k (linear: Goyal et al. 2017, an SGD result). The figure shows, for each
-rank count and rule, the mean best dev ROC AUC over the seeds and their spread.
+k = the global batch / the one the learning rate was tuned at; linear is Goyal et al. 2017 (SGD), sqrt the usual
+start for Adam-type optimizers. The figure: mean best dev ROC AUC over the seeds, and their spread.
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ import subprocess
 def kill_tree(proc: subprocess.Popen | int, grace: float = 10.0, first: int = signal.SIGTERM) -> None:
     """Send ``first`` to ``proc`` and all its descendants, wait up to ``grace`` s, then SIGKILL what is left.
 
-    The descendants are found before any signal is sent: torchrun starts each
-    worker in a session of its own, and a worker whose agent died is no longer
-    anyone's child. A ``Popen`` is reaped through itself, so its return code stays
-    readable; ``grace=0`` with ``first=signal.SIGKILL`` kills at once.
+    The descendants are found before any signal: a worker whose agent died is no longer anyone's child.
+    A ``Popen`` is reaped through itself, so its return code stays readable.
     """
     import psutil
 

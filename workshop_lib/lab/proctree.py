@@ -1,13 +1,7 @@
 """The torchrun process tree as a figure: the agent, its workers, what each worker was told, and the store.
 
-A worker of the learner's own run calls :func:`worker_record`, which returns one
-line (its pid, its parent, the ports its parent listens on, and torchrun's
-variables as it found them); :func:`one_node` reads those lines from the run's
-output, prints what they show and draws it. :func:`two_nodes` draws the same
-tree for several nodes, computed: torchrun's numbering, not a run.
-
-    print(f"rank {dist.get_rank()}: {proctree.worker_record()}")   # in the worker
-    proctree.one_node(result.output)                                # in the notebook, after launch.torchrun
+In each worker of the learner's run, ``print(proctree.worker_record())``; then :func:`one_node` reads those lines
+from the run's output, prints what they show and draws it. :func:`two_nodes` draws several nodes, computed.
 """
 
 from __future__ import annotations
@@ -25,11 +19,7 @@ AGENT, WORKER, STORE = "#dbe9f6", "#fdebd3", "#e3f1dc"  # box colours
 
 
 def worker_record() -> str:
-    """One line for :func:`one_node`: this process, its parent (torchrun's agent) and torchrun's variables.
-
-    The figure shows what torchrun set, so this reads the variables by name, as
-    they are (the tools parse them in :func:`workshop_lib.debug.launchenv.read_launch_env`).
-    """
+    """One line for :func:`one_node`: this process, its parent (torchrun's agent) and torchrun's variables, as set."""
     import os
 
     import psutil
@@ -109,11 +99,7 @@ def global_rank(node_rank: int, nproc_per_node: int, local_rank: int) -> int:
 
 
 def two_nodes(nnodes: int = 2, nproc_per_node: int = 2):
-    """Several nodes, computed: each runs a torchrun (an agent) with the same ``--nproc_per_node``.
-
-    Then RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK. (Nodes that run different numbers of workers
-    are numbered the same way, node after node: a node's ranks follow all those of the nodes before it.)
-    """
+    """Several nodes, computed: each a torchrun (an agent) with the same ``--nproc_per_node``, numbered node after node."""
     from matplotlib.patches import Rectangle
 
     from workshop_lib.lab.plots import _new_figure

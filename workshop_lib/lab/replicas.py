@@ -1,18 +1,7 @@
-"""What each rank holds at steps 1, 2 and 3: its data, its gradients, its weights, from a real 2-rank run.
+"""What each rank holds at steps 1, 2 and 3 (its data, gradients, weights), from a real 2-rank run (03).
 
-:func:`record` forks 2 ranks (:func:`workshop_lib.lab.forklaunch.notebook_launch`)
-and has each train one epoch the way a step script does: the same seed, data,
-loader, model, optimizer and loop, with the notebook's own ``make_loader``
-(steps 2 and 3; step 3 wraps the model in ``DDP``). Each rank keeps
-
-* its shard: the training molecules its sampler gives it this epoch;
-* its first batch's own gradient (what ``backward()`` computes from that batch
-  alone, on a plain copy of the model with the same dropout masks), and ``p.grad``
-  as ``backward()`` leaves it (under DDP: averaged over the ranks);
-* its weights after every optimizer step.
-
-:func:`figure` draws the kinds side by side, one column each; :func:`summary`
-says in one line per kind what the figure shows.
+:func:`record` trains one epoch per step on 2 ranks as the step scripts do, with the notebook's ``make_loader``;
+:func:`figure` draws each step in a column, :func:`summary` says what it shows in a line per step.
 """
 
 from __future__ import annotations
@@ -127,14 +116,10 @@ def _on_rank(env, kinds: Sequence[int], make_loader: Callable | None, limit: int
     return out
 
 
-def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), limit: int = 1000, nprocs: int = 2,
-           timeout: float = 90) -> dict[int, Held]:
-    """Train one epoch of each kind of step (1, 2, 3) on ``nprocs`` forked ranks; what each rank held.
+def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), limit: int = 1000) -> dict[int, Held]:
+    """One epoch of each kind of step (1, 2, 3) on 2 ranks; what each rank held.
 
-    ``make_loader(dataset, batch_size, seed) -> DataLoader`` is the notebook's own (a
-    ``DistributedSampler`` in a plain DataLoader), called inside the ranks' group: it
-    serves steps 2 and 3 (step 3 wraps the model in ``DDP``). Step 1 is drawn with step
-    1's loader: all the data on every rank, shuffled the same way.
+    ``make_loader(dataset, batch_size, seed)`` is the notebook's own, for steps 2 and 3 (3 wraps the model in DDP).
     """
     from workshop_lib.lab.forklaunch import notebook_launch
 
@@ -142,7 +127,7 @@ def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), l
         raise WorkshopError(f"kinds {list(kinds)}: the steps drawn are 1, 2 and 3")
     if make_loader is None and any(k > 1 for k in kinds):
         raise WorkshopError("steps 2 and 3 need your make_loader: replicas.record(make_loader, kinds=...)")
-    ranks = notebook_launch(_on_rank, nprocs, list(kinds), make_loader, limit, timeout=timeout)
+    ranks = notebook_launch(_on_rank, 2, list(kinds), make_loader, limit, timeout=90)
     return {kind: Held(kind, ranks[0][kind]["n_train"], [r[kind]["shard"] for r in ranks],
                        [r[kind]["own"] for r in ranks], [r[kind]["grad"] for r in ranks],
                        [r[kind]["weights"] for r in ranks], ranks[0][kind]["start"], slice(*ranks[0][kind]["shown"]))
@@ -176,12 +161,19 @@ def _grad_subtitle(h: Held) -> str:
     return "p.grad when backward() returns"
 
 
-def figure(held: dict[int, Held]):
-    """Per kind (a column): the data, the first gradient, the weight changes (rank 0 over rank 1), the spread.
+def _strip(h: Held, what: str):
+    """The output layer's weights, a row per rank: its gradient ("own_grads", "grads") or the epoch's change."""
+    import numpy as np
 
-    A row "p.grad when backward() returns" is drawn only when some kind's p.grad differs from its
-    own batch's gradient (under DDP); without DDP it would repeat the row above. Each strip row has
-    one colour scale for all columns, and its colour bar.
+    if what in ("own_grads", "grads"):
+        return np.stack([g[h.shown].numpy() for g in getattr(h, what)])
+    return np.stack([(w[-1] - h.start)[h.shown].numpy() for w in h.weights])
+
+
+def figure(held: dict[int, Held]):
+    """Per kind (a column): the data, the first gradient, the weight changes per rank, the spread per step.
+
+    The row "p.grad when backward() returns" is drawn only where p.grad differs from the batch's own (DDP).
     """
     import matplotlib.pyplot as plt
     import numpy as np
@@ -194,11 +186,6 @@ def figure(held: dict[int, Held]):
     fig, axes = plt.subplots(n_rows, len(kinds), figsize=(5.4 * len(kinds) + 1.0, 1.7 * n_rows + 1.0), squeeze=False,
                              gridspec_kw={"height_ratios": [1] * (n_rows - 1) + [1.6]}, layout="constrained")
     plt.close(fig)  # shown once, as the cell's value
-
-    def strip(h: Held, what: str):
-        if what in ("own_grads", "grads"):
-            return np.stack([g[h.shown].numpy() for g in getattr(h, what)])
-        return np.stack([(w[-1] - h.start)[h.shown].numpy() for w in h.weights])
 
     labels = {"own_grads": ("gradient of its first batch alone", "gradient"),
               "grads": (None, "gradient"),
@@ -217,9 +204,9 @@ def figure(held: dict[int, Held]):
     bar = fig.colorbar(image, ax=axes[0].tolist(), ticks=[0.25, 0.75], fraction=0.04, pad=0.01)
     bar.ax.set_yticklabels(["not read", "read"], fontsize="small")
     for row, what in enumerate(strips, start=1):
-        scale = max(np.abs(strip(h, what)).max() for h in kinds) or 1.0  # one scale per row: columns compare
+        scale = max(np.abs(_strip(h, what)).max() for h in kinds) or 1.0  # one scale per row: columns compare
         for col, h in enumerate(kinds):
-            values = strip(h, what)
+            values = _strip(h, what)
             ax = axes[row][col]
             image = ax.imshow(values, aspect="auto", cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest")
             ax.set_title(labels[what][0] or _grad_subtitle(h), fontsize="medium")

@@ -1,16 +1,8 @@
-"""A step's script, written from the notebook as the learner ran it: ``write_script`` in the learner's kernel.
+"""A step's script, written from the notebook's cells tagged ``script:<name>``: ``write_script`` in the kernel.
 
-A notebook's cells tagged ``script:<name>`` make the script ``<name>.py``: the docstring and imports first,
-then the other cells in notebook order, ``def main``, the ``__main__`` guard. Steps 2 to 4 borrow cells of
-earlier notebooks (step 1's ``setup``): the learner's own, as saved beside the notebook, where they are filled in,
-else the solution's, and the script's header says which. In a notebook::
-
-    from workshop_lib.lab import scripts
-    scripts.track_cells()                                  # once, in the set-up cell
-    scripts.write_script("03_ddp.ipynb", "step3_ddp")       # -> runs/mine/step3_ddp.py, your version
-
-The same text, from the solution notebooks, is what ``python -m tools.build`` writes to solutions/ and
-exercises/ (the course's generator, outside the package). Solution spans: :mod:`workshop_lib.lab.spans`.
+The docstring and imports first, then the other cells in notebook order, ``def main``, the ``__main__`` guard;
+steps 2 to 4 borrow earlier notebooks' cells (the learner's where filled in, else the solution's). The same text,
+from the solution notebooks, is what ``python -m tools.build`` writes to solutions/ and exercises/.
 """
 
 from __future__ import annotations
@@ -30,8 +22,7 @@ _STARTS_BLOCK = re.compile(r"^(def |class |@|async def |if __name__)")
 
 
 def exercise_file(name: str) -> str:
-    """The file name of script ``name`` with its TODOs open: it says ``_todo``, never to be taken for the learner's
-    own ``runs/mine/<name>.py``."""
+    """Script ``name`` with its TODOs open: ``_todo``, never to be taken for the learner's ``runs/mine/<name>.py``."""
     return f"{name}_todo.py"
 
 
@@ -65,12 +56,9 @@ def _kind(source: str) -> int:
 
 def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
                 others: Sequence[tuple[str, object]] = (), noqa: str = "") -> str:
-    """The script ``name`` from the cells tagged ``script:<name>`` (``sources``: replacement text by cell id).
+    """The script ``name`` from the cells tagged ``script:<name>`` of ``nb`` (``sources``: text by cell id).
 
-    ``nb`` (``source_name``) is the script's home notebook; ``others`` are (name, notebook) pairs of the
-    notebooks that lend it cells (steps 2 to 4 share step 1's ``main``), taken as solutions. In the
-    script: the home's docstring and imports, then every other cell in notebook order (00_, 01_, ...),
-    ``def main``, the ``__main__`` guard. ``noqa``: a last header line for an exercise version.
+    ``others``: (name, notebook) pairs that lend it cells, as solutions. ``noqa``: a last header line (exercises).
     """
     placed = []
     notebooks = sorted([(nb, source_name, True)] + [(o, n, False) for n, o in others], key=lambda t: Path(t[1]).name)
@@ -97,8 +85,7 @@ def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[s
 def _lenders(course: Path, home: Path, name: str) -> tuple[list[tuple[str, object]], list[str]]:
     """The notebooks that lend ``name`` cells, and the cells taken from the solutions (``def f`` (notebook)).
 
-    Beside a notebook of the learner's own folder (exercises/) lie their other notebooks, as saved: a lent cell
-    comes from there unless its TODO is still open, then from the solution notebook (notebooks/).
+    A lent cell comes from the learner's notebook beside ``home`` unless its TODO is still open, else the solution's.
     """
     import copy
 
@@ -156,15 +143,9 @@ def track_cells() -> None:
 
 
 def write_script(notebook: str | Path, name: str | None = None, to: Path | None = None) -> Path:
-    """Write this notebook's script, as you ran its cells, to runs/mine/<name>.py; return the path.
+    """Write this notebook's script, as you ran its cells (saved ones else), to runs/mine/<name>.py; return the path.
 
-    ``notebook`` is the notebook's file (relative to the kernel's directory, which
-    is the notebook's). Cells you ran since track_cells() count as run; the
-    others as saved. The cells it borrows from other notebooks come from the
-    solution notebooks (notebooks/ beside the notebook's folder). runs/mine is
-    in the course folder, the one holding the notebook's folder. The result is
-    your version: a TODO still open raises NotImplementedError when the script
-    reaches it.
+    A TODO still open raises NotImplementedError when the script reaches it.
     """
     import nbformat
 

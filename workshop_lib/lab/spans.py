@@ -1,20 +1,15 @@
 """Solution spans: what the learner writes, as the solution and the exercise versions of a cell show it.
 
-A solution span is nbgrader-style, with its hint just above::
+A solution span (nbgrader-style) has its hint just above; the solution drops the TODO and the markers, the
+exercise keeps the TODO and raises NotImplementedError in place of the code::
 
     # TODO: give each rank its own shard
     ### BEGIN SOLUTION
     sampler = DistributedSampler(...)
     ### END SOLUTION
 
-The solution keeps the code and drops the TODO line and the markers; the
-exercise keeps the TODO line and raises NotImplementedError in place of the
-code. Raw cells tagged ``script:<name>`` go into the script only (the module
-docstring, the ``__main__`` guard): a notebook must not run them.
-
-A debugging lab is the other way round: the learner gets the broken code and
-no hint. Its span has a BROKEN block just above it instead of a TODO, the bug
-commented out (the solution notebook must not run it)::
+A debugging lab's span has, instead of a TODO, a BROKEN block just above it, the bug commented out; the solution
+drops the block, the exercise keeps its lines uncommented and drops the span::
 
     ### BEGIN BROKEN
     # spread = replica_spread(model) if rank == 0 else None
@@ -23,19 +18,13 @@ commented out (the solution notebook must not run it)::
     spread = replica_spread(model)
     ### END SOLUTION
 
-The solution drops the block; the exercise keeps its lines, uncommented, and
-drops the span.
-
-A prediction is the learner's before a run; the solution notebook keeps the
-instructor's, so that its runs (nbval's too) show their answers. Its block
-follows the line the learner fills in::
+A prediction block follows the line the learner fills in; the solution keeps the instructor's value (dropping the
+markers), the exercise drops the block::
 
     predicted_spread = None  # your prediction, a number
     ### BEGIN PREDICTION
     predicted_spread = 1e-2
     ### END PREDICTION
-
-The solution drops the two markers; the exercise drops the block.
 """
 
 from __future__ import annotations
@@ -49,7 +38,6 @@ BROKEN_BEGIN, BROKEN_END = "### BEGIN BROKEN", "### END BROKEN"  # a debugging l
 PREDICTION_BEGIN, PREDICTION_END = "### BEGIN PREDICTION", "### END PREDICTION"  # the instructor's, solution only
 TODO_RAISE = 'raise NotImplementedError("fill in the TODO above")'  # where the learner's code goes
 _TODO = re.compile(r"^\s*# TODO\b")
-
 
 
 def _hint_start(lines: list[str], begin: int) -> int | None:

@@ -1,20 +1,10 @@
-"""A DDP step on a timeline: torch.profiler's records of several steps, per rank, drawn as the median step.
+"""A DDP step on a timeline: torch.profiler's records of several steps, per rank, drawn as the median step (04b).
 
-Notebook 04b profiles the steps itself, on 2 forked ranks, so that the learner reads the profiler's lines (:func:`quiet`
-keeps the profiler's own C++ log lines out of the cell): the bucket sizes take turns, a step each, inside one profile,
-each step in a span named ``bucket_cap_mb=...`` (``torch.profiler.record_function``). Each rank returns :func:`records`
-of its profile and :func:`buckets` of its DDP models, and times the same steps again without the profiler
-(:func:`ms_per_step`). :func:`median_step` cuts each rank's records into the steps of one bucket size and takes the
-median of every part over the steps; :func:`facts` says in words what does not change from run to run (the buckets, how
-many all-reduces were launched before backward ended), :func:`timings` what does (the medians, in ms), and :func:`draw`
-shows the median step of each rank.
-
-The records used (torch 2.13, gloo on CPU), all on the rank's main thread but the last:
-``DistributedDataParallel.forward`` (DDP's forward); ``autograd::engine::evaluate_function: XBackward0`` (one backward
-op each); ``c10d::allreduce_`` (DDP hands a full bucket to the process group);
-``torch.distributed.ddp.reducer::copy_bucket_to_grad`` (the averaged bucket copied into ``.grad``, at the end of
-``backward()``); ``Optimizer.step#AdamW.step``; and ``gloo:all_reduce`` on gloo's worker threads, from the start of the
-all-reduce to its end, waiting for the other rank included.
+Each rank returns :func:`records` of its profile (each bucket size's steps in spans named ``bucket_cap_mb=...``),
+:func:`buckets` and :func:`ms_per_step`; :func:`median_step` cuts the records into steps and takes their median;
+:func:`facts` says what does not change from run to run, :func:`timings` what does, :func:`draw` shows it.
+Records used (torch 2.13, gloo on CPU): DDP's forward, each backward op, ``c10d::allreduce_`` (a bucket launched),
+``copy_bucket_to_grad``, the optimizer's step, and ``gloo:all_reduce`` on gloo's threads (the wait included).
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
-"""A scaling model for data-parallel training: how fast N ranks go, and why.
-
-One optimizer step on N data-parallel ranks costs
+"""A scaling model for data-parallel training: how fast N ranks go, and why. One optimizer step costs
 
     compute at the per-rank batch (x the slow-down of ranks that share a machine)
   + the part of the gradient all-reduce that backward does not hide
   + the wait for the slowest rank.
 
-The all-reduce is the bandwidth-optimal ring (reduce-scatter, then all-gather):
-2(N-1) steps, each of about alpha + (S/N)/beta for S bytes of gradients. Its
-cost, and the binomial tree's 2*ceil(log2 N)*(alpha + S/beta), are from Thakur,
-Rabenseifner & Gropp, "Optimization of collective communication operations in
-MPICH", IJHPCA 19(1), 2005. Summed, the ring moves 2(N-1)/N * S bytes through
-each rank; that factor is how the NCCL tests turn an all-reduce's time into
-its "bus bandwidth" (nccl-tests, doc/PERFORMANCE.md: busBw = algBw * 2(n-1)/n),
-so ``beta`` here is comparable with a bus bandwidth, or with a link's one-way
-bandwidth. Across many nodes NCCL also uses double binary trees, which keep
-that bandwidth with a latency that grows as log2 N (NVIDIA developer blog,
-"Massively scale your deep learning training with NCCL 2.4", 2019);
-``"double-tree"`` models that as 2*ceil(log2 N)*alpha + 2(N-1)/N * S/beta.
-
-Starting the all-reduce of early gradient buckets while backward still runs is
-what Horovod (Sergeev & Del Balso, "Horovod: fast and easy distributed deep
-learning in TensorFlow", arXiv:1802.05799, 2018) and PyTorch DDP do;
-``overlap`` is the share of backward that can hide it. This workshop's LSTM
-fits in one DDP bucket, whose all-reduce starts only when backward ends:
-overlap 0.
-
-Inputs are measured (``scaling_measure``: this model on this machine) or
-published (``WORKLOADS`` and ``LINKS`` below, each with its source). Nothing
-here imports torch; everything is plain arithmetic, so a notebook's sliders
-can call it thousands of times.
+The all-reduce: the ring's 2(N-1) steps of alpha + (S/N)/beta, or the binomial tree's 2*ceil(log2 N) steps of
+alpha + S/beta (Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005). The ring moves 2(N-1)/N * S bytes per rank,
+the factor nccl-tests use for "bus bandwidth" (doc/PERFORMANCE.md), so ``beta`` compares with a bus bandwidth.
+"double-tree" (NCCL's across nodes, NVIDIA blog on NCCL 2.4, 2019): the tree's latency, the ring's bandwidth.
+``overlap``: the share of backward that can hide the all-reduce of early buckets, as Horovod (arXiv:1802.05799)
+and DDP do; this workshop's LSTM fits in one DDP bucket, all-reduced when backward ends: overlap 0.
+Inputs are measured (:mod:`~.measure`) or published (:mod:`~.published`). Plain arithmetic, no torch.
 """
 
 from __future__ import annotations
@@ -45,16 +26,11 @@ BACKWARD_SHARE = 2 / 3  # backward costs about twice forward: the part of comput
 DDP_BUCKET_BYTES = 25 * MiB  # DistributedDataParallel's default bucket_cap_mb
 
 
-# ------------------------------------------------------------------------ the all-reduce
-
-
 def allreduce_seconds(nbytes: float, n: int, alpha: float, beta: float, algorithm: str = "ring",
                       buckets: int = 1) -> float:
-    """Seconds to all-reduce ``nbytes`` over ``n`` ranks, sent as ``buckets`` messages (latency alpha, bandwidth beta).
+    """Seconds to all-reduce ``nbytes`` over ``n`` ranks in ``buckets`` messages (latency alpha, bandwidth beta).
 
-    ring: 2(n-1) steps of alpha + (nbytes/n)/beta; tree: 2*ceil(log2 n) steps of alpha + nbytes/beta
-    (Thakur, Rabenseifner & Gropp 2005); double-tree: the tree's latency with the ring's bandwidth
-    term. Each bucket pays the latency; the bytes are paid once.
+    Each bucket pays the latency; the bytes are paid once.
     """
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -68,11 +44,9 @@ def allreduce_seconds(nbytes: float, n: int, alpha: float, beta: float, algorith
 
 
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], n: int = 2) -> tuple[float, float]:
-    """(alpha, beta) of the ring model from all-reduce timings of several message sizes on ``n`` ranks.
+    """(alpha, beta) of the ring from all-reduce timings of several sizes on ``n`` ranks: t = 2(n-1)alpha + 2(n-1)/n S/beta.
 
-    The ring's time is linear in the size, t = 2(n-1)*alpha + 2(n-1)/n * S/beta, so this is a
-    straight-line fit; it is weighted by 1/t so that the small messages (which set alpha) count as
-    much as the large ones (which set beta).
+    A straight line weighted by 1/t, so that the small messages (which set alpha) count as much as the large.
     """
     if n < 2 or len(nbytes) != len(seconds) or len(set(nbytes)) < 2:
         raise WorkshopError("fit_alpha_beta needs timings of at least 2 message sizes on 2 or more ranks")
@@ -89,16 +63,10 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], n: int = 2
     return a / (2 * (n - 1)), 2 * (n - 1) / n / b
 
 
-# ---------------------------------------------------------------------------- compute
-
-
 @dataclass(frozen=True)
 class ComputeCurve:
-    """Seconds of one training step (forward, backward, optimizer) against the per-rank batch, one rank alone.
-
-    Between measured batches it interpolates linearly; above them it extends the last segment, below
-    them it scales the first point in proportion to the batch (so it never reaches zero).
-    """
+    """Seconds of one training step against the per-rank batch, one rank alone: linear between the measured batches,
+    the last segment extended above them, in proportion to the batch below them."""
 
     batches: tuple[float, ...]
     seconds: tuple[float, ...]
@@ -131,9 +99,6 @@ def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, proportional
         return ys[0] * x / xs[0] if proportional_below else ys[0]
     i = len(xs) - 1 if x >= xs[-1] else next(k for k in range(1, len(xs)) if x <= xs[k])
     return max(ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1]), 0.0)
-
-
-# ----------------------------------------------------------------- workloads and links
 
 
 @dataclass(frozen=True)
@@ -205,8 +170,7 @@ def step(work: Workload, link: Link, n: int, batch: float | None = None, overlap
          accumulation: int | None = None, contention: float = 1.0, straggler: float = 0.0) -> Step:
     """The model: one optimizer step of ``work`` on ``n`` ranks over ``link``.
 
-    ``contention`` multiplies compute when n > 1 (ranks sharing one machine's memory and caches);
-    ``straggler`` is the seconds a step waits for the slowest rank (n > 1).
+    ``contention`` multiplies compute when n > 1 (ranks sharing one machine); ``straggler``: the wait for the slowest.
     """
     if not 0 <= overlap <= 1:
         raise WorkshopError(f"overlap {overlap} is not a share; use a value from 0 to 1")
@@ -228,8 +192,7 @@ def project(work: Workload, link: Link, ns: Sequence[int] | None = None, global_
             **kw) -> list[dict]:
     """Samples/s, speed-up over 1 rank and efficiency (speed-up / N) for each N.
 
-    By default each rank keeps its batch (the global batch grows with N); with ``global_batch`` the
-    global batch is fixed and each of N ranks gets 1/N of it.
+    Each rank keeps its batch, unless ``global_batch`` is fixed: then each of N ranks gets 1/N of it.
     """
     if global_batch is not None:
         kw["batch"] = global_batch

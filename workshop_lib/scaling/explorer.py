@@ -1,10 +1,4 @@
-"""Figures for the scaling model, and sliders that move its efficiency curve.
-
-``Explorer.update(...)`` is the sliders' callback: it recomputes the curve with
-``workshop_lib.scaling.cost`` and sets the plotted line's data, so it can be called
-(and tested) without a browser; ``Explorer.widgets()`` wires ipywidgets sliders
-to it. Nothing is imported until it is needed.
-"""
+"""Figures of the scaling model, and sliders that move its efficiency curve (:class:`Explorer`, testable headless)."""
 
 from __future__ import annotations
 
@@ -17,11 +11,8 @@ GB = 1e9
 
 
 def measured_vs_model(fit, benchmark: dict[int, float] | None = None, label: str = "benchmark runs"):
-    """Speed-up of ``fit.nprocs`` ranks over 1 against the global batch: the model's curve and measured points.
-
-    ``fit`` is a MachineFit. The points: the lockstep steps timed while fitting it (compute, real
-    all-reduce, wait), and ``benchmark`` ({global batch: measured speed-up} of whole training runs).
-    """
+    """Speed-up of ``fit.nprocs`` ranks over 1 against the global batch: the model, the lockstep steps timed while
+    fitting, and ``benchmark`` ({global batch: measured speed-up} of whole training runs)."""
     n = fit.nprocs
     lo, hi = n * min(fit.together.batches), n * max(fit.together.batches)
     gs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
@@ -55,11 +46,7 @@ def projections(curves: dict[str, list[dict]], title: str = "Projected efficienc
 
 
 class Explorer:
-    """An efficiency curve against N that sliders move: model size, per-rank batch, bandwidth, overlap.
-
-    It starts from ``work`` (compute scales with the parameter count) on a link of the slider's bandwidth
-    and ``alpha`` latency, ring bandwidth with tree latency, ``ns`` ranks.
-    """
+    """An efficiency curve against N that sliders move: model size (compute in proportion), batch, bandwidth, overlap."""
 
     def __init__(self, work: cost.Workload = published.WORKLOADS["ResNet-50"], alpha: float = 10e-6,
                  ns: Sequence[int] = tuple(cost.ranks(1024))):

@@ -1,20 +1,10 @@
-"""Measuring the scaling model's inputs for this workshop's LSTM on this machine.
+"""Measuring the scaling model's inputs for this workshop's LSTM on this machine: :func:`measure`.
 
-``measure()`` times, with one thread per rank as torchrun runs them, whole
-epochs of real bucketed batches (each batch the best of ``repeats`` passes:
-other work on the machine only ever adds time; within a pass the shapes vary
-from step to step, as in an epoch), and scales each epoch's time per molecule
-to one full batch:
-
-* one rank alone: a training step (forward, backward, fused AdamW) at each
-  batch size;
-* ``nprocs`` forked ranks at once (gloo), in lockstep as under DDP: the same
-  step at each per-rank batch, each rank on its own shard, then an all-reduce
-  of the gradient's size; from these come the slow-down of ranks that share
-  the machine, the wait for the slowest rank, and (a diagnostic) what the
-  all-reduce costs inside a step;
-* the same ranks, all-reducing float32 tensors of several sizes back to back,
-  fitted to the ring's alpha and beta (``cost.fit_alpha_beta``).
+With one thread per rank, as torchrun runs them, it times whole epochs of real batches (each batch the best of
+``repeats`` passes), scaled per molecule to one full batch: one rank alone at each batch size; ``nprocs`` ranks at
+once, in lockstep as under DDP (a step, then an all-reduce of the gradient's size), which gives the slow-down of
+ranks sharing the machine and the wait for the slowest; and all-reduces of several sizes, fitted to the ring's
+alpha and beta (:func:`~.cost.fit_alpha_beta`).
 """
 
 from __future__ import annotations
@@ -83,6 +73,7 @@ class MachineFit:
 
     @classmethod
     def from_dict(cls, d: dict) -> MachineFit:
+        """The fit as :meth:`as_dict` wrote it (benchmarks/results/model.json)."""
         curve = lambda m: ComputeCurve(tuple(float(k) for k in m), tuple(m.values()))  # noqa: E731
         ints = lambda m: {int(float(k)): v for k, v in m.items()}  # noqa: E731
         return cls(d["params"], d["nprocs"], d["alpha_s"], d["beta_bytes_per_s"],
@@ -139,11 +130,7 @@ def _trainer(vocab: int):
 
 
 def time_alone(batches: Sequence[int], repeats: int = 3, limit: int | None = None) -> dict[int, float]:
-    """Seconds of one training step at each batch size, this process alone on one thread.
-
-    A whole epoch is timed, batch by batch (best of ``repeats`` passes), and its time per molecule
-    scaled to one full batch: molecules differ in length, and the last batch is partial.
-    """
+    """Seconds of one training step at each batch size, this process alone on one thread (see the module docstring)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -225,11 +212,7 @@ def _combine(ranks: list[dict], nbytes_sizes: Sequence[int]) -> tuple[dict, dict
 def measure(batches: Sequence[int] = (64, 128, 256, 512), rank_batches: Sequence[int] = (64, 128, 256),
             nprocs: int = 2, sizes: Sequence[int] = SIZES, repeats: int = 3, limit: int | None = None,
             timeout: float = 300) -> MachineFit:
-    """Fit the scaling model's inputs on this machine (see the module docstring).
-
-    ``batches``: batch sizes of one rank alone (the 1 x 1 runs' global batches); ``rank_batches``:
-    per-rank batches of the ``nprocs``-rank runs (their global batch / nprocs).
-    """
+    """Fit the scaling model's inputs here: ``batches`` of one rank alone, ``rank_batches`` per rank of ``nprocs``."""
     from workshop_lib.lab import forklaunch
 
     alone = time_alone(batches, repeats, limit)

@@ -1,18 +1,9 @@
 """Memory per rank for DDP and FSDP, without activations: bytes per parameter, and a figure.
 
-Training in float32 with AdamW keeps, per parameter, 4 bytes of weight, 4 of
-gradient and 8 of optimizer state (two moments): 16 bytes. DDP keeps all of it
-on every rank, plus its gradient buckets (another 4 bytes, unless
-``gradient_as_bucket_view=True`` makes the gradients views into them).
-
-FSDP (``fully_shard``) keeps 1/N of the weights, the gradients and the optimizer
-state on each of N ranks. While it computes a unit (what ``fully_shard`` was
-called on) it all-gathers the unit's full weights, and in backward that unit's
-full gradients exist until they are reduce-scattered. Sharding only the whole
-model makes it one unit: the full weights and gradients are all there at the
-peak, and only the optimizer state and the shards stay divided, so the peak
-still drops, by less. Sharding each of B blocks (then the model) leaves about one
-block whole at a time.
+float32 AdamW keeps 16 bytes a parameter (weight 4, gradient 4, two moments 8); DDP all of it on every rank,
+plus its buckets (4, unless ``gradient_as_bucket_view=True``). FSDP keeps 1/N of it on each of N ranks, plus
+the unit it computes gathered whole (weights, and gradients until reduce-scattered): the whole model if only
+the model is sharded, about one block if each of B blocks is.
 """
 
 from __future__ import annotations

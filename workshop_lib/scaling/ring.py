@@ -1,18 +1,8 @@
 """Ring all-reduce, step by step: what each of N ranks holds after each of its 2(N-1) steps.
 
-Every rank cuts its vector into N chunks and talks only to its neighbours:
-it sends to rank r+1 and receives from rank r-1 (mod N), one chunk a step.
-
-* **Reduce-scatter**, steps 1 to N-1: at step s rank r sends its partial sum of
-  chunk (r - s + 1) mod N, and rank r+1 adds it to its own. After N-1 steps
-  rank r holds the complete sum of chunk (r + 1) mod N.
-* **All-gather**, steps N to 2(N-1): each rank passes a complete chunk on, and
-  the receiver overwrites its copy. After N-1 more steps every rank holds
-  every chunk's sum.
-
-Each step moves S/N bytes per rank, so a rank sends 2(N-1)/N x S bytes in all:
-the ring's cost in :mod:`workshop_lib.scaling.cost`. :func:`steps` computes the
-states; :func:`figure` draws them, one small table a step.
+Each rank cuts its vector into N chunks, sends to rank r+1 and receives from r-1, a chunk a step: N-1 steps of
+reduce-scatter (the receiver adds), then N-1 of all-gather (the receiver overwrites). A rank sends 2(N-1)/N x S
+bytes in all: the ring's cost in :mod:`workshop_lib.scaling.cost`. :func:`steps` computes, :func:`figure` draws.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ def scaled(lr: float, global_batch: int, tuned_at: int) -> dict[str, float]:
     return {rule: lr * f(global_batch / tuned_at) for rule, f in RULES.items()}
 
 
-def read(path: Path | None = None) -> dict:
-    """The measured runs: ``path``, else the clone's :data:`RESULTS`."""
-    return json.loads(Path(path or clone_root("lr_scaling.read()") / RESULTS).read_text())
+def read() -> dict:
+    """The measured runs, in the clone's :data:`RESULTS`."""
+    return json.loads((clone_root("lr_scaling.read()") / RESULTS).read_text())
 
 
 def mean_dev(runs: dict) -> dict[tuple[int, str], float]:

@@ -48,10 +48,8 @@ def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, size
     ax.text(x + 0.1, y + h - 0.1, text, va="top", ha="left", fontsize=size, family="monospace")
 
 
-def _arrow(ax, start: tuple[float, float], end: tuple[float, float], label: str = "", dashed: bool = False) -> None:
+def _arrow(ax, start: tuple[float, float], end: tuple[float, float], dashed: bool = False) -> None:
     ax.annotate("", end, start, arrowprops={"arrowstyle": "->", "color": "#555", "ls": "--" if dashed else "-"})
-    if label:
-        ax.text((start[0] + end[0]) / 2 + 0.08, (start[1] + end[1]) / 2, label, fontsize=7, color="#333")
 
 
 def one_node(output: Sequence[str]):

@@ -27,7 +27,7 @@ HANGS = {
     "hanglab1": {0: ("all_reduce", 24), 1: ("all_gather", 26)},
     "hanglab2": {0: ("backward", 19), 1: ("all_gather", 22)},
     "hanglab3": {0: ("all_reduce", 26), 1: ("all_reduce", 26)},
-    "hanglab4": {0: ("broadcast", 26), 1: ("all_gather", 29)},
+    "hanglab4": {0: ("forward", 26), 1: ("all_gather", 29)},
 }
 FROZEN = "    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train\n"
 WRAP = "    model = DDP(model.to(device))\n"

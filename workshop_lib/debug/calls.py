@@ -1,7 +1,4 @@
-"""The collective a rank is in, as the hang watch records it: what it is, its tensors, and who called it.
-
-Split from the watch itself (:mod:`workshop_lib.debug.rankwatch`, started by :mod:`workshop_lib.debug.hangwatch`).
-"""
+"""The collective a rank is in, as the hang watch records it: what it is, its tensors, and who called it."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workshop_lib.debug import frames
+from workshop_lib.debug import collectives, frames
 
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debug/
 
@@ -21,7 +18,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debu
 class Call:
     """One collective as this rank entered it."""
 
-    op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), ...
+    op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), "DDP.forward" (its buffer broadcast), ...
     seq: int  # this rank's count of observed collectives, 1-based; 0 for backward
     tensors: str  # "float32[3]", "2 tensors", ...
     since: float  # time.time() when it was entered
@@ -40,7 +37,10 @@ def on_gpu(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def describe(args: tuple, kwargs: dict) -> str:
+def describe(op: str, args: tuple, kwargs: dict) -> str:
+    """The call's tensors ("float32[3]", "2 tensors, first ..."), or what DDP's forward broadcasts."""
+    if op == collectives.DDP_FORWARD:
+        return collectives.ddp_broadcasts(args[0]) or ""
     found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor | list | tuple)]
     for a in found:
         if isinstance(a, torch.Tensor):

@@ -1,9 +1,7 @@
-"""The diagnosis that hangwatch prints: who never arrived, and where each rank is.
+"""The diagnosis that hangwatch prints (who never arrived, and where each rank is), and its saved record.
 
-:func:`explain` turns every rank's answer (its main thread's stack, the
-collective it is in, the ones it entered before; JSON, through the rendezvous
-store) into the short block that the waiting rank prints. Pure functions of
-the answers, so the wording is tested without starting processes.
+:func:`explain` turns every rank's answer (JSON through the rendezvous store) into the block the waiting rank
+prints: pure functions, so the wording is tested without processes.
 """
 
 from __future__ import annotations
@@ -14,21 +12,13 @@ import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
 RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
 
-
-class StuckCall(Protocol):
-    """The collective a rank is stuck in (hangwatch.Call)."""
-
-    op: str
-    seq: int
-    tensors: str
-    where: str
-
-    def name(self) -> str: ...
+if TYPE_CHECKING:
+    from workshop_lib.debug.calls import Call
 
 
 def _at(answer: dict) -> str:
@@ -36,7 +26,7 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
-def explain(rank: int, call: StuckCall, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
+def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
     """The lines that explain ``call`` stuck on ``rank``, from every rank's answer."""
     lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
     missing = []
@@ -49,7 +39,8 @@ def explain(rank: int, call: StuckCall, how: str, answers: dict[int, dict], worl
             lines.append(f"rank {r} did not answer: it exited, crashed, or is stuck where Python cannot run")
             continue
         cur, last = a["current"], a["last"]
-        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else "it has entered no collective yet"
+        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else \
+            "it has entered no numbered collective yet"
         if a.get("left"):
             missing.append(r)
             lines.append(f"rank {r} has left the job (it called destroy_process_group); {last_text}")
@@ -94,12 +85,8 @@ def block(lines: Iterable[str]) -> list[str]:
 
 def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = (),
          answers: dict[int, dict] | None = None) -> None:
-    """Add the block that ``rank`` printed to the JSON list in ``path`` (replaced whole: never half written).
-
-    ``left``: the ranks that had left the job (destroy_process_group) when it was printed. ``answers``:
-    what each rank answered (its frames, its current collective, its ``history`` of collectives and its
-    count of ``backwards``), saved as ``"answers": {"0": {...}, ...}`` for figures and checks to read.
-    """
+    """Add the block ``rank`` printed to the JSON list in ``path`` (replaced whole), with the ranks that had ``left``
+    and what each rank answered (``"answers": {"0": {...}}``: frames, current call, history, backwards)."""
     path = Path(path)
     missing = never_arrived(block)
     blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
@@ -120,10 +107,8 @@ def load(path: str | Path) -> list[dict]:
 
 
 def missing_rank(path: str | Path) -> str | None:
-    """The one line of the first saved block where a rank waits for one still in the job (a hang that will last).
-
-    A rank that has left the job is not waited for long: its sockets close, and the collective fails.
-    """
+    """The one line of the first saved block where a rank waits for one still in the job (a hang that will last);
+    a rank that has left is not waited for long: its sockets close, and the collective fails."""
     return next((b["line"] for b in load(path) if b["waiting_for"]), None)
 
 
@@ -137,10 +122,8 @@ _HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:
 
 
 def one_line(block: list[str]) -> str:
-    """The block in one line: who waits in which collective, and what the first rank that never arrived does instead.
-
-    'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it: it is in all_gather #3 ...'
-    """
+    """The block in one line: 'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it:
+    it is in all_gather #3 ...'."""
     head = block[0] if block else "a rank waits in a collective"
     missing = next((line for line in block if line.startswith("never arrived: rank ")), "")
     first = missing.removeprefix("never arrived: rank ").split(",")[0].strip()

@@ -1,12 +1,8 @@
 """The hang watch's per-rank side (:class:`Watch`): what this rank is in, its daemon thread, and the diagnosis.
 
-:mod:`workshop_lib.debug.hangwatch` starts and stops it (``attach``, ``install``,
-``detach``) and says what the watch does. The main thread's side is an observer
-of :mod:`workshop_lib.debug.collectives` (``enter`` and ``leave`` run around every
-collective); the daemon thread answers the other ranks through its own client
-of the rendezvous store and, when a collective has waited too long, asks every
-rank where it is and prints one block (:mod:`workshop_lib.debug.hangreport`).
-``sys._current_frames()`` (Python's) reads the main thread's stack from the watch's thread.
+:mod:`workshop_lib.debug.hangwatch` starts and stops it. ``enter`` and ``leave`` run around every collective
+(:mod:`workshop_lib.debug.collectives`); the thread answers the other ranks through its own client of the
+rendezvous store and, when a collective waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`).
 """
 
 from __future__ import annotations
@@ -93,7 +89,7 @@ class Watch:
             self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
         else:
             self.seq += 1
-            self.current = Call(op, self.seq, describe(args, kwargs), time.time(), caller(), gpu, self.backwards)
+            self.current = Call(op, self.seq, describe(op, args, kwargs), time.time(), caller(), gpu, self.backwards)
             self.history.append(self.current)
         return self.current
 
@@ -207,10 +203,8 @@ class Watch:
             store.set(f"where/{self.rank}", self.where(LEFT))
 
     def others_left(self, seconds: float) -> None:
-        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left.
-
-        Otherwise a rank still leaving would find the store gone, and torch would print its socket errors.
-        """
+        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left (else a rank
+        still leaving would find the store gone, and torch would print its socket errors)."""
         deadline, waiting = time.monotonic() + seconds, set(range(1, self.world_size))
         while True:
             for r in list(waiting):

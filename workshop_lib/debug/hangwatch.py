@@ -24,8 +24,7 @@ import threading
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives
-from workshop_lib.debug.calls import Call
-from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.hangreport import RECORD_VARIABLE, Call
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line

@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib.debug import hangreport, private
-from workshop_lib.debug.calls import Call, caller, describe, on_gpu, user_frames
-from workshop_lib.debug.hangreport import PREFIX, explain
+from workshop_lib.debug.hangreport import PREFIX, Call, caller, describe, explain, on_gpu, user_frames
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import first_line, first_sentence
 

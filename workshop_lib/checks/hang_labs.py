@@ -14,18 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.checks.common import CheckFailed, _missed, _passed
-from workshop_lib.checks.hang_runs import (  # noqa: F401 (the notebook's and the tests' names for them)
-    BATCH,
-    HANG_AFTER,
-    NOTEBOOK,
-    TIMEOUT,
-    TRAIN_CELL,
-    Run,
-    deadlocked,
-    launch,
-    terminal,
-    train_offset,
-)
+from workshop_lib.checks.hang_runs import BATCH, NOTEBOOK, TIMEOUT, TRAIN_CELL, Run, launch, terminal, train_offset
 from workshop_lib.lab import sequences
 
 # The calls a reading may name, as the record names them (a collective, or DDP's backward or forward)

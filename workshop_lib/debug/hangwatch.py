@@ -24,7 +24,7 @@ import threading
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives
-from workshop_lib.debug.hangreport import RECORD_VARIABLE, Call
+from workshop_lib.debug.hangreport import Call
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line
@@ -64,8 +64,7 @@ def attach(threshold: float | None = None, record: str | None = None, poll: floa
         return None
     if launch.world_size < 2:
         return None
-    return _start(Watch(threshold, poll, record or os.environ.get(RECORD_VARIABLE) or None,
-                        prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
+    return _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
 
 
 def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5,
@@ -73,8 +72,7 @@ def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5
     """Watch this rank's collectives through ``store``, for a rank that has joined its group (the fork launcher's)."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
-    return _start(Watch(_threshold(threshold), poll, record or os.environ.get(RECORD_VARIABLE) or None, store,
-                        prefix=f"hangwatch/{_count + 1}"))
+    return _start(Watch(_threshold(threshold), poll, record, store, prefix=f"hangwatch/{_count + 1}"))
 
 
 def _stderr_fd() -> int:

@@ -58,7 +58,8 @@ class Watch:
     def __init__(self, threshold: float | None, poll: float, record: str | None, store: dist.Store | None = None,
                  prefix: str = "hangwatch"):
         self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
-        self.threshold, self.poll, self.record = threshold, poll, record
+        self.threshold, self.poll = threshold, poll
+        self.record = record or os.environ.get(hangreport.RECORD_VARIABLE) or None  # where the block is saved too
         self.rank, self.world_size = -1, 0  # known once the group exists
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
         self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
@@ -109,10 +110,8 @@ class Watch:
     def failed(self, err: BaseException) -> None:
         """Called by :mod:`~workshop_lib.debug.collectives` when this observer raised: stop, in one line."""
         self.stop.set()
-        warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); the job runs on unwatched")
-
-    def _who(self) -> str:
-        return f" rank {self.rank}" if self.rank >= 0 else ""
+        warn(f"stopped watching{f' rank {self.rank}' if self.rank >= 0 else ''} ({type(err).__name__}: "
+             f"{first_line(err)}); the job runs on unwatched")
 
     # --------------------------------------------------------------- the daemon thread
     def _run(self) -> None:
@@ -125,8 +124,7 @@ class Watch:
                 self._serve()
         except Exception as err:  # the watch must never stop the job: it says so, once
             if not store_gone(err):  # the store's host ended first (the job is ending): nothing to say
-                warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); "
-                     "the job runs on unwatched")
+                self.failed(err)
 
     def join(self) -> None:
         """The group exists: who we are, the threshold, and two connections to the rendezvous store (once)."""

@@ -24,18 +24,6 @@ def _missing(what: str, instead: str) -> None:
         print(f"{WARNING}torch {torch.__version__} has no {what}; {instead}", file=sys.stderr, flush=True)
 
 
-def _devices(group) -> list[str]:
-    """The device types the group has a backend for ('cpu:gloo,cuda:nccl': cpu, cuda), from its public config."""
-    import torch.distributed as dist
-
-    try:
-        config = dist.get_backend_config(group)
-    except Exception:  # not a group torch knows (a test's stand-in): try both
-        return ["cpu", "cuda"]
-    found = [part.split(":")[0].strip() for part in config.split(",") if ":" in part]
-    return found or ["cpu", "cuda"]
-
-
 def group_timeout(group=None, instead: str = "torch's default, 30 min, is taken instead") -> timedelta | None:
     """The timeout ``group`` (default: the default group) was created with; None where it cannot be read."""
     import torch
@@ -48,8 +36,7 @@ def group_timeout(group=None, instead: str = "torch's default, 30 min, is taken 
     if get_backend is None:
         _missing("ProcessGroup._get_backend", instead)
         return None
-    devices = _devices(group)
-    for device in devices:
+    for device in ("cpu", "cuda"):  # the first device the group has a backend for
         try:
             backend = get_backend(torch.device(device))
         except (RuntimeError, ValueError):  # no backend for that device: try the next
@@ -59,7 +46,7 @@ def group_timeout(group=None, instead: str = "torch's default, 30 min, is taken 
             return timeout
         _missing(f"{type(backend).__name__}.options._timeout", instead)
         return None
-    _missing(f"ProcessGroup._get_backend for {' or '.join(devices)}", instead)
+    _missing("ProcessGroup._get_backend for cpu or cuda", instead)
     return None
 
 

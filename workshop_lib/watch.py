@@ -20,20 +20,10 @@ import sys
 from collections.abc import Sequence
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} seconds: give a number above 0")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m workshop_lib.watch", description=__doc__.splitlines()[0],
                                 usage="%(prog)s [--after SECONDS] [--record FILE] SCRIPT [ARGS...]")
-    p.add_argument("--after", type=_seconds, default=None, metavar="SECONDS",
+    p.add_argument("--after", type=float, default=None, metavar="SECONDS",
                    help="seconds a collective may wait before the diagnosis (default: $WORKSHOP_HANG_AFTER, "
                         "else a quarter of the process group's timeout)")
     p.add_argument("--record", default=None, metavar="FILE",
@@ -48,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if not os.path.isfile(opts.script):
         parser.error(f"no script {opts.script!r}; give the path of a .py file")
+    if opts.after is not None and not opts.after > 0:
+        parser.error(f"--after {opts.after:g}: give a number of seconds above 0")
     from workshop_lib.debug import hangwatch
 
     sys.argv = [opts.script, *opts.args]

@@ -27,7 +27,7 @@ HANGS = {
     "hanglab1": {0: ("all_reduce", 24), 1: ("all_gather", 26)},
     "hanglab2": {0: ("backward", 19), 1: ("all_gather", 22)},
     "hanglab3": {0: ("all_reduce", 26), 1: ("all_reduce", 26)},
-    "hanglab4": {0: ("broadcast", 26), 1: ("all_gather", 29)},
+    "hanglab4": {0: ("forward", 26), 1: ("all_gather", 29)},
 }
 FROZEN = "    model.embed.requires_grad_(False)  # the embedding stays as it is: fewer weights to train\n"
 WRAP = "    model = DDP(model.to(device))\n"
@@ -71,11 +71,11 @@ def test_each_broken_lab_stops_where_its_record_says(name, capsys, monkeypatch):
     hang_labs.predict(name, HANGS[name])
     run = hang_labs.run_broken(name)
     out = capsys.readouterr().out
-    assert run.record and hang_labs.deadlocked(run.record), out
+    assert run.record and hang_runs.deadlocked(run.record), out
     assert "never arrived: rank" in out and "where each rank is" in out, out
     # the threshold 05 states (twice or four times it where a first report found a rank only slow to come)
-    assert re.search(rf"has waited ({hang_labs.HANG_AFTER:.0f}|{2 * hang_labs.HANG_AFTER:.0f}|"
-                     rf"{4 * hang_labs.HANG_AFTER:.0f}) s in ", out), out
+    assert re.search(rf"has waited ({hang_runs.HANG_AFTER:.0f}|{2 * hang_runs.HANG_AFTER:.0f}|"
+                     rf"{4 * hang_runs.HANG_AFTER:.0f}) s in ", out), out
     hang_labs.check(run, HANGS[name])  # raises CheckFailed, naming the rank, if the record says otherwise
     assert sequences.describe(run.record).startswith("the ranks' calls first differ at call ")
 

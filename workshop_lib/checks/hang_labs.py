@@ -1,13 +1,8 @@
-"""The hang labs of notebooks/05_when_it_hangs.ipynb: what the learner predicts, reads and fixes, judged.
+"""The hang labs of notebooks/05_when_it_hangs.ipynb: the learner's prediction and reading, judged against the run.
 
-Every lab is a reading. Before the run the learner predicts, for each rank, the call it will stop in (a
-collective, or DDP's backward or forward) and the line of ``train()`` it was called from (:func:`predict`
-keeps it); the run (:func:`run_broken`, or :func:`run_in_terminal`) starts only once a prediction is kept,
-and prints what the learner reads: torch's own error and each rank's traceback, the stacks, or the hang
-watch's diagnosis. :func:`check` then says which parts of the prediction were right, without the answer,
-and checks the learner's reading. Both compare with the run's record (the watch's saved block for a hang,
-each rank's traceback for an error), never with an answer written here. :func:`check_fix` runs the
-learner's fix and passes when it trains correctly. The runs themselves are :mod:`workshop_lib.checks.hang_runs`'.
+Before a run the learner predicts, per rank, the call it stops in and its line of ``train()`` (:func:`predict`);
+:func:`check` compares with the run's record (the watch's block, or each rank's traceback), never with an answer
+written here, and :func:`check_fix` passes a fix that trains correctly. The runs: :mod:`~workshop_lib.checks.hang_runs`.
 """
 
 from __future__ import annotations
@@ -19,18 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.checks.common import CheckFailed, _missed, _passed
-from workshop_lib.checks.hang_runs import (  # noqa: F401 (the notebook's and the tests' names for them)
-    BATCH,
-    HANG_AFTER,
-    NOTEBOOK,
-    TIMEOUT,
-    TRAIN_CELL,
-    Run,
-    deadlocked,
-    launch,
-    terminal,
-    train_offset,
-)
+from workshop_lib.checks.hang_runs import BATCH, NOTEBOOK, TIMEOUT, TRAIN_CELL, Run, launch, terminal, train_offset
 from workshop_lib.lab import sequences
 
 # The calls a reading may name, as the record names them (a collective, or DDP's backward or forward)
@@ -53,7 +37,7 @@ def _same_but_rank(a: str, b: str) -> bool:
 
 
 def call_named(name: str) -> str | None:
-    """The call of :data:`CALLS` that a name says (``dist.all_gather``, ``_broadcast_coalesced``), or None."""
+    """The call of :data:`CALLS` that a name says (``dist.all_gather``, ``DDP.forward``), or None."""
     return next((call for call in CALLS if call in str(name).lower()), None)
 
 
@@ -104,9 +88,8 @@ def run_in_terminal(name: str) -> Run:
 
 
 def stops(run: Run) -> dict[int, tuple[str, int, str]]:
-    """{rank: (call, line, code)}: the call each rank waits (the watch's record) or raised in (its traceback), and
-    the line of train() it came from. A terminal run's frames are in the lab script: its lines count from its
-    ``def train(`` line, as the cell's do."""
+    """{rank: (call, line, code)}: the call each rank waits in (the watch's record) or raised in (its traceback), and
+    its line of train() (in a lab script, counted from ``def train(`` as in the cell)."""
     if not run.record:
         return {rank: (next((c for fn in reversed(below) if (c := call_named(fn))), ""), line, code)
                 for rank, (line, code, below) in run.raised.items()}
@@ -177,11 +160,8 @@ def predict(name: str, waits: dict[int, tuple[str, int]]) -> None:
 
 
 def check(run: Run, waits: dict[int, tuple[str, int]]) -> None:
-    """Your prediction (kept before the run) and your reading ``waits`` (now) against the run's record.
-
-    Says which parts of the prediction were right (✓) and which not (✗), without the answer; the reading must be
-    right, and then the check says where the explanation is.
-    """
+    """Your prediction (kept before the run: ✓ or ✗ per part, without the answer) and your reading ``waits`` (now,
+    which must be right) against the run's record."""
     kept = _predictions.get(run.name)
     if kept is None or kept.made > run.started:
         raise CheckFailed(f"no prediction was kept for {run.name} before this run: run its prediction cell, then the "

@@ -1,12 +1,8 @@
 """Running the hang labs of notebooks/05_when_it_hangs.ipynb: their cells on forked ranks, or their scripts in a terminal.
 
-Each lab is a small step 3 (the cells tagged ``script:hanglabN``) whose ``train()`` cell holds one classic bug (a
-BROKEN block above the fix: :mod:`workshop_lib.lab.spans`). :func:`launch` runs the lab's cells as last run, in a
-fresh namespace (named ``shared-cell`` and ``train-cell``: line numbers are the cells' own), and ``train()`` on two
-forked ranks with the hang watch (the labs of :data:`TORCH_SPEAKS`: without, until the group's timeout); the
-:class:`Run` holds each rank's measures, the watch's record, or each rank's traceback and error. :func:`terminal`
-runs a lab's script under torchrun, with ``python -m workshop_lib.diagnose`` while it hangs. What the learner
-reads and writes is judged in :mod:`workshop_lib.checks.hang_labs`.
+:func:`launch` runs a lab's cells (tagged ``script:hanglabN``) as last run, under the names ``shared-cell`` and
+``train-cell``, and ``train()`` on two forked ranks with the hang watch (without, for :data:`TORCH_SPEAKS`);
+:func:`terminal` runs its script under torchrun, with ``python -m workshop_lib.diagnose`` while it hangs.
 """
 
 from __future__ import annotations
@@ -146,8 +142,8 @@ def deadlocked(record: list[dict]) -> bool:
 
 
 def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
-    """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended.
-    A broken run whose watch spoke before a deadlock (a rank only slow to come) runs again with a longer threshold."""
+    """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended (a
+    broken run whose watch spoke before a deadlock runs again with a longer threshold)."""
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
     from workshop_lib.lab.launch import LaunchError
 
@@ -187,11 +183,13 @@ _SECTION = re.compile(r"^===== rank (\d+)$", re.M)
 _TRAIN_FRAME = re.compile(rf'^\s+File "{TRAIN_CELL}", line (\d+), in train$', re.M)
 _FRAME = re.compile(r'^\s+File "(?:[^"]*/(?=(?:torch|workshop_lib)/))?([^"]*)", line \d+, in (\w+)$', re.M)
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*$", re.M)
+# A frame of the watch's call-through wrappers (workshop_lib/debug/), with its code lines: not the learner's to read
+_WATCH_FRAME = re.compile(r'^\s+File "[^"]*/workshop_lib/debug/[^"]*", line \d+, in \w+\n(?:(?!\s+File ")[ \t].*\n)*', re.M)
 
 
 def tracebacks(text: str) -> tuple[dict[int, tuple[int, str, tuple[str, ...]]], dict[int, str]]:
-    """From every rank's output (notebook_launch's all.log): where in train() each rank raised (line, code, the
-    functions below it), and its traceback from train() down, with its error whole."""
+    """From every rank's output (all.log): where in train() each rank raised (line, code, the functions below it),
+    and its traceback from train() down, its error whole."""
     raised, messages = {}, {}
     parts = _SECTION.split(text)
     for rank, body in zip(parts[1::2], parts[2::2], strict=True):
@@ -199,7 +197,7 @@ def tracebacks(text: str) -> tuple[dict[int, tuple[int, str, tuple[str, ...]]], 
         if not (frames := list(_TRAIN_FRAME.finditer(body))):
             continue
         line, error = int(frames[-1].group(1)), _ERROR_LINE.search(body, frames[-1].end())
-        below = body[frames[-1].start():error.start() if error else len(body)]
+        below = _WATCH_FRAME.sub("", body[frames[-1].start():error.start() if error else len(body)])
         raised[int(rank)] = (line, linecache.getline(TRAIN_CELL, line).strip().split("  # ")[0],
                              tuple(fn for _, fn in _FRAME.findall(below)[1:]))
         lines = _FRAME.sub(lambda m: m.group(0).replace(m.group(0).split('"')[1], m.group(1)), below).splitlines()
@@ -253,11 +251,8 @@ def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
 
 
 def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0) -> Run:
-    """Lab ``name``'s exercise script under torchrun as in a terminal; diagnose's stacks while it hangs; torch's error:
-    prints the command, then (once the hang watch, attached for the check's record, has seen a deadlock) what
-    ``python -m workshop_lib.diagnose`` prints, then each rank's part of torch's error when the group's ``timeout``
-    ends the job. ``limit``: seconds before the job is stopped whatever happens.
-    """
+    """Lab ``name``'s exercise script under torchrun: prints the command, diagnose's stacks once the watch has seen a
+    deadlock, then each rank's part of torch's error when the group's ``timeout`` ends it (``limit``: a hard stop)."""
     import subprocess
 
     from workshop_lib.debug import stacks

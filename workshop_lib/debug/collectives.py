@@ -1,19 +1,10 @@
 """The one place that wraps torch.distributed's collectives: observers see each call enter and leave.
 
-The hang watch (:mod:`workshop_lib.debug.hangwatch`) and the exercise checks
-(:mod:`workshop_lib.checks.record`) both need to know which collective a rank is
-in. Each registers an *observer* here, with :func:`observing` (a block) or
-:func:`add` and :func:`remove`; while at least one is registered, every
-collective in :data:`COLLECTIVES` (and ``torch.autograd.backward``, inside which
-DDP's gradient all-reduce runs in C++) is wrapped once, and each observer's
-``enter(op, args, kwargs)`` runs before the call and ``leave(token, error)``
-after it, ``token`` being what ``enter`` returned. When the last observer goes,
-torch's functions are put back (:func:`workshop_lib.debug.patching.patched`).
-
-The wrappers are strictly call-through: torch's function gets the same
-arguments, and its result or its error is the caller's. An observer that
-raises is dropped (its ``failed(error)`` is called if it has one, else one
-warning line goes to stderr); the call it was observing goes on as if unobserved.
+The hang watch and the checks register observers (:func:`observing`, or :func:`add` and :func:`remove`). While
+one is registered, each of :data:`COLLECTIVES`, ``torch.autograd.backward`` (DDP's gradient all-reduce runs in
+it, in C++) and ``DistributedDataParallel.forward`` where it broadcasts the buffers first (:func:`ddp_broadcasts`)
+is wrapped, call-through: ``enter(op, args, kwargs)`` runs before, ``leave(token, error)`` after. An observer
+that raises is dropped (its ``failed(error)``, else one warning line); the call goes on as if unobserved.
 """
 
 from __future__ import annotations
@@ -27,13 +18,13 @@ from typing import Protocol
 from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_line
 
-# The Python collectives wrapped (those present in this torch); _broadcast_coalesced (private) is what DDP calls in
-# its constructor and, with buffers (BatchNorm), at the start of each forward.
+# The Python collectives wrapped (those present in this torch)
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
-               "scatter_object_list", "send", "recv", "_broadcast_coalesced")
+               "scatter_object_list", "send", "recv")
 BACKWARD = "backward"  # the op name observers see for torch.autograd.backward
+DDP_FORWARD = "DDP.forward"  # DistributedDataParallel.forward, observed where it broadcasts the buffers first
 
 
 class Observer(Protocol):
@@ -59,9 +50,27 @@ def _drop(observer: Observer, err: Exception) -> None:
           f"({type(err).__name__}: {first_line(err)})", file=sys.stderr, flush=True)
 
 
+def ddp_broadcasts(ddp) -> str | None:
+    """What DDP's forward broadcasts before it runs the module, or None: its buffers (rank 0's, outside ``Join``)
+    where ``will_sync_module_buffers()`` and no buffer hook replaces it (torch 2.13's ``_check_sync_bufs_pre_fwd``).
+
+    The constructor's broadcast is not observed: most of the constructor's time is imports, not waiting.
+    """
+    if not ddp.will_sync_module_buffers() or getattr(ddp, "buffer_hook", None) is not None:
+        return None
+    return f"broadcasts {len(ddp.modules_buffers)} buffers"
+
+
 def _wrap(op: str, fn):
     @functools.wraps(fn)
     def collective(*args, **kwargs):
+        if op == DDP_FORWARD:
+            try:
+                quiet = ddp_broadcasts(args[0]) is None
+            except Exception:  # a torch without these public names: the forward goes unobserved
+                quiet = True
+            if quiet:
+                return fn(*args, **kwargs)
         seen = []
         for observer in list(_observers):
             try:
@@ -93,6 +102,7 @@ def add(observer: Observer) -> None:
     global _patches
     import torch
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     if _patches is None:
         _patches = contextlib.ExitStack()
@@ -100,6 +110,7 @@ def add(observer: Observer) -> None:
             if hasattr(dist, name):
                 _patches.enter_context(patched(dist, name, functools.partial(_wrap, name)))
         _patches.enter_context(patched(torch.autograd, "backward", functools.partial(_wrap, BACKWARD)))
+        _patches.enter_context(patched(DistributedDataParallel, "forward", functools.partial(_wrap, DDP_FORWARD)))
     _observers.append(observer)
 
 

@@ -1,13 +1,8 @@
 """Which frames of a stack are the learner's: the one filter, keyed on packages, not on file names.
 
-A frame is *library* when its file belongs to Python's standard library, to an
-installed package (torch included), or to one of workshop_lib's tool
-subpackages (``debug``, ``lab``, ``checks``, ``scaling``) or its command
-modules. Everything else is the learner's: a step script, a notebook cell, a
-test. The core of workshop_lib (``data.py``, ``model.py``, ...) counts as the
-learner's by default, since the step scripts are built from it and a learner
-reads it; ``core_is_library=True`` counts it as library too, for a line number
-in the learner's own script.
+*Library* frames: Python's standard library, installed packages (torch included), workshop_lib's tool
+subpackages and command modules. The rest is the learner's, workshop_lib's core included unless
+``core_is_library=True`` (for a line number in the learner's own script).
 """
 
 from __future__ import annotations
@@ -32,10 +27,7 @@ def is_tool(path: str) -> bool:
 
 def is_library(path: str, core_is_library: bool = False) -> bool:
     """Is ``path`` someone else's code: stdlib, an installed package, workshop_lib's tools (its core too, if asked)?
-
-    Relative paths as py-spy prints them (``torch/nn/modules/module.py``) count as
-    installed when their first part is an importable package's name seen in sys.modules.
-    """
+    Relative paths as py-spy prints them (``torch/nn/...``, ``workshop_lib/...``) count by their first part."""
     if path.startswith("<"):  # "<frozen runpy>", "<string>"
         return not path.startswith("<ipython-input")
     if not os.path.isabs(path) and path.split("/", 1)[0] in ("torch", "threading.py", "runpy.py"):
@@ -55,10 +47,7 @@ def users(stack: traceback.StackSummary | list[traceback.FrameSummary], core_is_
 
 
 def since_fork(stack: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
-    """A rank forked from a notebook also holds the kernel's frames from before the fork: keep its own life only.
-
-    Its life starts in the fork launcher's rank entry point (a function named ``_rank_main`` in the tools).
-    """
+    """A forked rank's frames from its entry point (the tools' ``_rank_main``) on, not the kernel's before the fork."""
     starts = [i for i, f in enumerate(stack) if f.name == "_rank_main" and is_tool(f.filename)]
     return stack[starts[-1] + 1:] if starts else stack
 

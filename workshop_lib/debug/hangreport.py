@@ -1,9 +1,5 @@
-"""The diagnosis that hangwatch prints: who never arrived, and where each rank is.
-
-:func:`explain` turns every rank's answer (its main thread's stack, the
-collective it is in, the ones it entered before; JSON, through the rendezvous
-store) into the short block that the waiting rank prints. Pure functions of
-the answers, so the wording is tested without starting processes.
+"""The hang watch's record: the collective a rank is in (:class:`Call`), and the block it prints from every rank's
+answer (:func:`explain`: who never arrived, and where each rank is), saved as JSON for the checks and figures.
 """
 
 from __future__ import annotations
@@ -11,24 +7,74 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
+import traceback
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+
+import torch
+
+from workshop_lib.debug import collectives, frames
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
 RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
 
 
-class StuckCall(Protocol):
-    """The collective a rank is stuck in (hangwatch.Call)."""
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debug/
 
-    op: str
-    seq: int
-    tensors: str
-    where: str
 
-    def name(self) -> str: ...
+@dataclass
+class Call:
+    """One collective as this rank entered it."""
+
+    op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), "DDP.forward" (its buffer broadcast), ...
+    seq: int  # this rank's count of observed collectives, 1-based; 0 for backward
+    tensors: str  # "float32[3]", "2 tensors", ...
+    since: float  # time.time() when it was entered
+    where: str  # "file.py:41 in train()", the caller outside torch
+    gpu: bool = False  # on CUDA tensors: Python returns once it is queued; the GPU may still wait
+    backwards: int = 0  # the backward() calls this rank had entered by then (a backward's own number)
+
+    def name(self) -> str:
+        return "loss.backward()" if self.op == "backward" else f"{self.op} #{self.seq}"
+
+
+def on_gpu(args: tuple, kwargs: dict) -> bool:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) or (isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)):
+            return (a if isinstance(a, torch.Tensor) else a[0]).is_cuda
+    return False
+
+
+def describe(op: str, args: tuple, kwargs: dict) -> str:
+    """The call's tensors ("float32[3]", "2 tensors, first ..."), or what DDP's forward broadcasts."""
+    if op == collectives.DDP_FORWARD:
+        return collectives.ddp_broadcasts(args[0]) or ""
+    found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor | list | tuple)]
+    for a in found:
+        if isinstance(a, torch.Tensor):
+            return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
+        if a and all(isinstance(t, torch.Tensor) for t in a):
+            return f"{len(a)} tensors, first {str(a[0].dtype).removeprefix('torch.')}{list(a[0].shape)}"
+    return "no tensor"
+
+
+def user_frames(frame) -> tuple[list[list], str]:
+    """([file, line, function, code] of the learner's frames, outermost first; the innermost library function)."""
+    stack = frames.since_fork(traceback.extract_stack(frame))
+    while stack and stack[-1].filename.startswith(_HERE):  # the watch itself (a rank explaining from its main thread)
+        stack.pop()
+    inner = stack[-1].name if stack and frames.is_library(stack[-1].filename) else ""
+    return [[frames.short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in frames.users(stack)], inner
+
+
+def caller() -> str:
+    """'f.py:25 in g()', and where g was called from, for the code that called the collective."""
+    mine, _ = user_frames(sys._getframe(2))
+    sites = [f"{f}:{n} in {fn}()" for f, n, fn, _ in mine[-2:]]
+    return ", from ".join(reversed(sites)) or "?"
 
 
 def _at(answer: dict) -> str:
@@ -36,7 +82,7 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
-def explain(rank: int, call: StuckCall, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
+def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
     """The lines that explain ``call`` stuck on ``rank``, from every rank's answer."""
     lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
     missing = []
@@ -49,7 +95,8 @@ def explain(rank: int, call: StuckCall, how: str, answers: dict[int, dict], worl
             lines.append(f"rank {r} did not answer: it exited, crashed, or is stuck where Python cannot run")
             continue
         cur, last = a["current"], a["last"]
-        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else "it has entered no collective yet"
+        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else \
+            "it has entered no numbered collective yet"
         if a.get("left"):
             missing.append(r)
             lines.append(f"rank {r} has left the job (it called destroy_process_group); {last_text}")
@@ -94,12 +141,8 @@ def block(lines: Iterable[str]) -> list[str]:
 
 def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = (),
          answers: dict[int, dict] | None = None) -> None:
-    """Add the block that ``rank`` printed to the JSON list in ``path`` (replaced whole: never half written).
-
-    ``left``: the ranks that had left the job (destroy_process_group) when it was printed. ``answers``:
-    what each rank answered (its frames, its current collective, its ``history`` of collectives and its
-    count of ``backwards``), saved as ``"answers": {"0": {...}, ...}`` for figures and checks to read.
-    """
+    """Add the block ``rank`` printed to the JSON list in ``path`` (replaced whole), with the ranks that had ``left``
+    and what each rank answered (``"answers": {"0": {...}}``: frames, current call, history, backwards)."""
     path = Path(path)
     missing = never_arrived(block)
     blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
@@ -120,10 +163,8 @@ def load(path: str | Path) -> list[dict]:
 
 
 def missing_rank(path: str | Path) -> str | None:
-    """The one line of the first saved block where a rank waits for one still in the job (a hang that will last).
-
-    A rank that has left the job is not waited for long: its sockets close, and the collective fails.
-    """
+    """The one line of the first saved block where a rank waits for one still in the job (a hang that will last);
+    a rank that has left is not waited for long: its sockets close, and the collective fails."""
     return next((b["line"] for b in load(path) if b["waiting_for"]), None)
 
 
@@ -137,10 +178,8 @@ _HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:
 
 
 def one_line(block: list[str]) -> str:
-    """The block in one line: who waits in which collective, and what the first rank that never arrived does instead.
-
-    'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it: it is in all_gather #3 ...'
-    """
+    """The block in one line: 'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it:
+    it is in all_gather #3 ...'."""
     head = block[0] if block else "a rank waits in a collective"
     missing = next((line for line in block if line.startswith("never arrived: rank ")), "")
     first = missing.removeprefix("never arrived: rank ").split(",")[0].strip()

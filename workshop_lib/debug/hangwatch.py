@@ -1,49 +1,15 @@
 """Where is every rank when a collective hangs? A watch attached from outside, on gloo and nccl alike.
 
-A collective returns only when every rank of the group has entered it. When
-one rank never does (it skipped it, it is somewhere else, it died), the others
-wait until the process group's timeout and then fail with a message about
-sockets. The watch makes the wait legible. It attaches from outside, as
-cProfile does: ``python -m workshop_lib.watch script.py`` (:mod:`workshop_lib.watch`,
-which calls :func:`attach`); the script holds no line of it.
-
-* each rank records the collective it is in and the last one it finished (the
-  op, its tensors' shapes and dtypes, and a per-rank sequence number), as an
-  observer of :mod:`workshop_lib.debug.collectives` (call-through wrappers of
-  ``torch.distributed``'s Python collectives); DDP's gradient all-reduce runs in
-  C++ inside ``loss.backward()``, so for it the watch notices a backward that
-  does not return;
-* a daemon thread waits for the script's default process group, then answers
-  questions through its own client of the rendezvous store (TCP, independent of
-  the gloo or nccl connections that are stuck);
-* when a rank has waited ``threshold`` seconds, or its collective fails, it asks
-  every rank where it is (its main thread's Python stack) and prints one block
-  (:mod:`workshop_lib.debug.hangreport`): who never arrived, where each rank is
-  instead, and the first collective where the ranks' sequences differ;
-* when the script's group is gone (``destroy_process_group``), or the process
-  ends, the rank's last answer says that it left, so a rank still waiting names it.
-
-It replaces no function of the script's in a way that changes what it does
-(``destroy_process_group`` is torch's own), and when it fails it prints one
-``hangwatch warning:`` line on stderr and the job runs on unwatched. The one
-failure it keeps quiet is the expected one: the store gone at the end of the job.
-
-On CUDA tensors (NCCL) a collective returns once it is queued on the GPU; the
-watch records a CUDA event after it, and a collective whose event has not
-completed within ``threshold`` is reported as waiting on the GPU. It also
-registers ``faulthandler`` on SIGUSR1 (``kill -USR1 PID`` dumps every thread's
-stack to the rank's stderr) for ``python -m workshop_lib.diagnose``. A job that
-does not hang pays one store round-trip per ``poll`` seconds on a side thread and
-about 15 µs per observed collective (``benchmarks/hangwatch_overhead.py``: no measurable change in a step).
-
-The watch's per-rank side, its thread and the diagnosis, is :class:`~workshop_lib.debug.rankwatch.Watch`.
-Of torch's private names it reads one, behind :func:`workshop_lib.debug.private.group_timeout`:
-the default group's timeout, for the default threshold (a quarter of it; 30 min is
-assumed where it cannot be read, and ``--after`` avoids the read). It observes
-one, ``torch.distributed._broadcast_coalesced``, through the same call-through
-wrapper as the public collectives: DDP's constructor and, with buffers
-(BatchNorm), each forward broadcast through it, and a rank that never joins such
-a broadcast is a classic hang.
+``python -m workshop_lib.watch script.py`` (:mod:`workshop_lib.watch`) calls :func:`attach`; the script holds
+no line of it. Each rank observes its collectives (:mod:`workshop_lib.debug.collectives`: the Python ones,
+``loss.backward()`` inside which DDP all-reduces in C++, and DDP's ``forward`` where it broadcasts the buffers).
+A daemon thread answers the other ranks through its own client of the rendezvous store; when a collective has
+waited ``threshold`` seconds, or failed, the rank asks every rank where it is and prints one block
+(:mod:`workshop_lib.debug.hangreport`). On CUDA (NCCL) a collective queued but not finished on the GPU within
+``threshold`` is reported too. ``faulthandler`` on SIGUSR1 serves ``python -m workshop_lib.diagnose``. When the
+watch fails it prints one ``hangwatch warning:`` line and the job runs on unwatched. The per-rank side is
+:class:`~workshop_lib.debug.rankwatch.Watch`; of torch's private names it reads one, the group's timeout
+(:func:`workshop_lib.debug.private.group_timeout`), for the default threshold (a quarter of it).
 """
 
 from __future__ import annotations
@@ -58,8 +24,7 @@ import threading
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives
-from workshop_lib.debug.calls import Call
-from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.hangreport import Call
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line
@@ -85,17 +50,9 @@ def _threshold(threshold: float | None) -> float | None:
 
 
 def attach(threshold: float | None = None, record: str | None = None, poll: float = 0.5) -> Watch | None:
-    """Watch this process's collectives from now on, for a script that has not joined its group yet.
-
-    The watch waits (on its own thread) for the default process group, then talks
-    through its own client of torchrun's rendezvous store (MASTER_ADDR:MASTER_PORT,
-    under a prefix per restart). ``threshold``: seconds a collective may wait before
-    the diagnosis is printed (default: the environment's WORKSHOP_HANG_AFTER, else a
-    quarter of the group's timeout, at least 5). ``record``: a JSON file where the
-    diagnosis is also saved (:func:`workshop_lib.debug.hangreport.load`; default:
-    WORKSHOP_HANG_RECORD, else none). Does nothing in a world of one (no torchrun
-    variables, or WORLD_SIZE=1). :func:`detach` stops it; so does the process's end.
-    """
+    """Watch this process's collectives, through torchrun's store, once the script joins its group (not in a world
+    of one). ``threshold``: seconds before the diagnosis (default WORKSHOP_HANG_AFTER, else a quarter of the group's
+    timeout, at least 5); ``record``: a JSON file for it too (default WORKSHOP_HANG_RECORD)."""
     try:
         launch = read_launch_env()
         threshold = _threshold(threshold)
@@ -107,25 +64,19 @@ def attach(threshold: float | None = None, record: str | None = None, poll: floa
         return None
     if launch.world_size < 2:
         return None
-    return _start(Watch(threshold, poll, record or os.environ.get(RECORD_VARIABLE) or None,
-                        prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
+    return _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
 
 
 def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5,
             record: str | None = None) -> Watch | None:
-    """Watch this rank's collectives, talking through ``store``: for code that holds a store and has joined a group.
-
-    (The lab's fork launcher: its ranks join on a FileStore.) The arguments are
-    :func:`attach`'s. Does nothing in a world of one.
-    """
+    """Watch this rank's collectives through ``store``, for a rank that has joined its group (the fork launcher's)."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
-    return _start(Watch(_threshold(threshold), poll, record or os.environ.get(RECORD_VARIABLE) or None, store,
-                        prefix=f"hangwatch/{_count + 1}"))
+    return _start(Watch(_threshold(threshold), poll, record, store, prefix=f"hangwatch/{_count + 1}"))
 
 
 def _stderr_fd() -> int:
-    """The file descriptor of stderr (2 where sys.stderr is not a file: a notebook's stream, a test's capture)."""
+    """stderr's file descriptor (2 where sys.stderr is not a file: a notebook's stream, a test's capture)."""
     try:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError

@@ -1,10 +1,6 @@
 """The one way the tools replace a function and put it back: :func:`patched`.
 
-Used for torch's collectives (:mod:`workshop_lib.debug.collectives`), for the
-calls the checks record (:mod:`workshop_lib.checks.record`) and for what the
-checks fake. It always restores on leaving the block, except where someone
-else has replaced the same attribute since: theirs stays, and their own
-restore puts back what they found.
+It restores on leaving the block, unless someone replaced the same attribute since: theirs stays.
 """
 
 from __future__ import annotations
@@ -18,10 +14,8 @@ _MISSING = object()
 
 @contextlib.contextmanager
 def patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[Any]:
-    """``owner.name`` (``owner[name]`` for a dict or os.environ) is ``make(original)`` while the block runs.
-
-    Yields the original (None where a mapping had no such key).
-    """
+    """``owner.name`` (``owner[name]`` for a dict or os.environ) is ``make(original)`` while the block runs; yields
+    the original (None where a mapping had no such key)."""
     is_dict = isinstance(owner, MutableMapping)
     original = owner.get(name, _MISSING) if is_dict else getattr(owner, name)
     replacement = make(None if original is _MISSING else original)

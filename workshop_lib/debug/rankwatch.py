@@ -1,12 +1,8 @@
 """The hang watch's per-rank side (:class:`Watch`): what this rank is in, its daemon thread, and the diagnosis.
 
-:mod:`workshop_lib.debug.hangwatch` starts and stops it (``attach``, ``install``,
-``detach``) and says what the watch does. The main thread's side is an observer
-of :mod:`workshop_lib.debug.collectives` (``enter`` and ``leave`` run around every
-collective); the daemon thread answers the other ranks through its own client
-of the rendezvous store and, when a collective has waited too long, asks every
-rank where it is and prints one block (:mod:`workshop_lib.debug.hangreport`).
-``sys._current_frames()`` (Python's) reads the main thread's stack from the watch's thread.
+:mod:`workshop_lib.debug.hangwatch` starts and stops it. ``enter`` and ``leave`` run around every collective
+(:mod:`workshop_lib.debug.collectives`); the thread answers the other ranks through its own client of the
+rendezvous store and, when a collective waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib.debug import hangreport, private
-from workshop_lib.debug.calls import Call, caller, describe, on_gpu, user_frames
-from workshop_lib.debug.hangreport import PREFIX, explain
+from workshop_lib.debug.hangreport import PREFIX, Call, caller, describe, explain, on_gpu, user_frames
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import first_line, first_sentence
 
@@ -63,7 +58,8 @@ class Watch:
     def __init__(self, threshold: float | None, poll: float, record: str | None, store: dist.Store | None = None,
                  prefix: str = "hangwatch"):
         self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
-        self.threshold, self.poll, self.record = threshold, poll, record
+        self.threshold, self.poll = threshold, poll
+        self.record = record or os.environ.get(hangreport.RECORD_VARIABLE) or None  # where the block is saved too
         self.rank, self.world_size = -1, 0  # known once the group exists
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
         self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
@@ -93,7 +89,7 @@ class Watch:
             self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
         else:
             self.seq += 1
-            self.current = Call(op, self.seq, describe(args, kwargs), time.time(), caller(), gpu, self.backwards)
+            self.current = Call(op, self.seq, describe(op, args, kwargs), time.time(), caller(), gpu, self.backwards)
             self.history.append(self.current)
         return self.current
 
@@ -114,10 +110,8 @@ class Watch:
     def failed(self, err: BaseException) -> None:
         """Called by :mod:`~workshop_lib.debug.collectives` when this observer raised: stop, in one line."""
         self.stop.set()
-        warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); the job runs on unwatched")
-
-    def _who(self) -> str:
-        return f" rank {self.rank}" if self.rank >= 0 else ""
+        warn(f"stopped watching{f' rank {self.rank}' if self.rank >= 0 else ''} ({type(err).__name__}: "
+             f"{first_line(err)}); the job runs on unwatched")
 
     # --------------------------------------------------------------- the daemon thread
     def _run(self) -> None:
@@ -130,8 +124,7 @@ class Watch:
                 self._serve()
         except Exception as err:  # the watch must never stop the job: it says so, once
             if not store_gone(err):  # the store's host ended first (the job is ending): nothing to say
-                warn(f"stopped watching{self._who()} ({type(err).__name__}: {first_line(err)}); "
-                     "the job runs on unwatched")
+                self.failed(err)
 
     def join(self) -> None:
         """The group exists: who we are, the threshold, and two connections to the rendezvous store (once)."""
@@ -207,10 +200,8 @@ class Watch:
             store.set(f"where/{self.rank}", self.where(LEFT))
 
     def others_left(self, seconds: float) -> None:
-        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left.
-
-        Otherwise a rank still leaving would find the store gone, and torch would print its socket errors.
-        """
+        """Rank 0, host of the store: wait (at most ``seconds``) until every other rank has said it left (else a rank
+        still leaving would find the store gone, and torch would print its socket errors)."""
         deadline, waiting = time.monotonic() + seconds, set(range(1, self.world_size))
         while True:
             for r in list(waiting):

@@ -1,16 +1,10 @@
 """Look inside a running torchrun job: every rank's Python stack, side by side.
 
-    python -m workshop_lib.diagnose          # the torchrun job running on this machine
-    python -m workshop_lib.diagnose PID      # the job of this torchrun (or of one of its ranks)
+    python -m workshop_lib.diagnose [PID]   # the only local torchrun job, or the job of this torchrun or rank
 
-Run it from a second terminal (or a notebook cell) while a job seems stuck. It
-finds torchrun's worker processes (psutil) and reads each one's stack with
-py-spy (``py-spy dump --pid``), which attaches from outside and needs no help
-from the job. Where py-spy cannot attach (no ptrace rights, say in some
-containers), it falls back to the handler that the hang watch registers in a
-job started with ``-m workshop_lib.watch`` (``faulthandler`` on SIGUSR1): the
-rank writes its stack to its own stderr, and when that is a file (torchrun's
-``--log-dir``), this reads it back.
+It finds torchrun's ranks (psutil) and reads each one's stack with ``py-spy dump``; where py-spy cannot attach,
+it sends SIGUSR1 to a rank started with ``-m workshop_lib.watch`` (``faulthandler``) and reads the stack back
+from the rank's stderr when that is a file (torchrun's ``--log-dir``).
 """
 
 from __future__ import annotations
@@ -97,10 +91,6 @@ def _safe(fn) -> bool:
         return False
 
 
-def _keep(file: str, show_all: bool) -> bool:
-    return show_all or not is_library(file)
-
-
 def pyspy_exe() -> str:
     """py-spy on PATH, else the one installed beside this Python (a venv that is not activated)."""
     return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -135,7 +125,7 @@ def pyspy_stack(pid: int, show_all: bool = False, timeout: float = 20.0) -> list
 
 def _shown(frames: list[tuple[str, str, str]], show_all: bool) -> list[str]:
     """'file:line func()' of the frames outside torch and the standard library, and the innermost one."""
-    kept = [f for i, f in enumerate(frames) if _keep(f[0], show_all) or i == len(frames) - 1]
+    kept = [f for i, f in enumerate(frames) if show_all or not is_library(f[0]) or i == len(frames) - 1]
     return [f"{short(file)}:{line} {func}()" for file, line, func in kept]
 
 
@@ -150,12 +140,8 @@ def _catches_sigusr1(pid: int) -> bool:
 
 
 def signal_stack(pid: int, show_all: bool = False, wait: float = 5.0) -> tuple[list[str], str]:
-    """SIGUSR1 -> faulthandler writes the stack to the rank's stderr; read it back if stderr is a file.
-
-    faulthandler writes from its C signal handler, at once, even while the rank waits in C++: the dump is
-    read as soon as the main thread's block (the one naming ``<module>``) is there and the file has stopped
-    growing; ``wait`` bounds it.
-    """
+    """SIGUSR1: faulthandler writes the stack to the rank's stderr (at once, even while it waits in C++); read back
+    if stderr is a file, once the main thread's block (naming ``<module>``) is there and stopped growing."""
     if not hasattr(signal, "SIGUSR1") or not _catches_sigusr1(pid):
         raise RuntimeError("the rank has no SIGUSR1 handler (start the job with -m workshop_lib.watch for one)")
     try:

@@ -1,10 +1,8 @@
 """The ranks' sequences of collectives side by side, drawn from the hang watch's record, the first difference marked.
 
-Each rank's answer in the record (:mod:`workshop_lib.debug.hangwatch`: its ``history`` of collectives, its
-count of ``backwards``, its ``current`` call) says which collectives it entered, in order, and how many
-``backward()`` calls came between them: under DDP each one all-reduces the gradients, so it counts as a
-collective too. :func:`sequence` rebuilds one rank's list, :func:`first_difference` finds where the lists
-part, and :func:`draw` shows them in two columns, the calls the ranks agree on folded into one row.
+Each rank's answer holds its ``history`` of collectives, its count of ``backwards`` (under DDP each backward()
+all-reduces, so it counts as a collective) and its ``current`` call: :func:`sequence` rebuilds its list,
+:func:`first_difference` finds where the lists part, :func:`draw` shows them in columns, agreed calls folded.
 """
 
 from __future__ import annotations
@@ -48,7 +46,8 @@ def sequence(answer: dict) -> list[Step]:
     """One rank's calls, in order: its remembered collectives, with the backward() calls between them."""
     steps: list[Step] = []
     current = answer.get("current") or {}
-    done = answer["history"][0].get("backwards", 0) if answer.get("history") else 0
+    history = answer.get("history") or [{}]  # from #1 on, every backward() is known; else from the oldest remembered
+    done = history[0].get("backwards", 0) if history[0].get("seq", 1) > 1 else 0
     for call in answer.get("history", []):
         steps += [Step("backward", n, "", "") for n in range(done + 1, call.get("backwards", 0) + 1)]
         done = call.get("backwards", 0)

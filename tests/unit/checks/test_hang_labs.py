@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workshop_lib.checks import hang_labs
+from workshop_lib.checks import hang_labs, hang_runs
 from workshop_lib.checks.common import CheckFailed
 from workshop_lib.checks.hang_labs import Run
 
@@ -50,15 +50,15 @@ def kept(run, waits, monkeypatch, capsys):
 def test_where_each_rank_stops_comes_from_the_record():
     assert hang_labs.stops(SKIPPED) == {0: ("all_gather", 10, "spread = replica_spread(model, world_size)"),
                                         1: ("all_reduce", 12, "dist.all_reduce(loss)")}  # the comment cut
-    buffers = Run("hanglab4", record=record(where(0, 26, "x", "_broadcast_coalesced", 8, "3 tensors"),
+    buffers = Run("hanglab4", record=record(where(0, 26, "x", "DDP.forward", 8, "broadcasts 3 buffers"),
                                             where(1, 29, "y", "all_gather", 8, "2 tensors")))
     backward = Run("hanglab2", record=record(where(0, 9, "x", "backward", 0, "DDP's gradient buckets"),
                                              where(1, 10, "y", "all_gather", 2, "2 tensors")))
-    assert [c for c, _, _ in hang_labs.stops(buffers).values()] == ["broadcast", "all_gather"]
+    assert [c for c, _, _ in hang_labs.stops(buffers).values()] == ["forward", "all_gather"]
     assert [c for c, _, _ in hang_labs.stops(backward).values()] == ["backward", "all_gather"]
-    assert all(hang_labs.deadlocked(r.record) for r in (SKIPPED, buffers, backward))
+    assert all(hang_runs.deadlocked(r.record) for r in (SKIPPED, buffers, backward))
     slow = record(where(0, 12, "x", "all_reduce", 3), {**where(1, 9, "x", "all_reduce", 3), "current": None})
-    assert not hang_labs.deadlocked(slow)  # rank 1 is not in a collective: it was only late
+    assert not hang_runs.deadlocked(slow)  # rank 1 is not in a collective: it was only late
 
 
 def test_an_error_run_is_read_from_each_ranks_traceback():

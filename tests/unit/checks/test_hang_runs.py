@@ -29,6 +29,9 @@ Traceback (most recent call last):
     return fn(env, *args)
   File "train-cell", line 17, in train
     loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
+  File "/repo/workshop_lib/debug/collectives.py", line 78, in collective
+    return fn(*args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^^
   File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1775, in _pre_forward
     if torch.is_grad_enabled() and self.reducer._rebuild_buckets():
 RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. You can enable \
@@ -48,7 +51,7 @@ def test_where_each_rank_raised_and_its_whole_error_come_from_every_ranks_output
         "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)  # the loss\n"], "train-cell")
     raised, messages = hang_runs.tracebacks(ALL_LOG)
     assert raised == {0: (17, "loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",
-                          ("_pre_forward",))}  # the functions below train()
+                          ("_pre_forward",))}  # the functions below train(), the watch's wrapper left out
     assert messages[0].splitlines()[:4] == [  # from train() down, torch's paths from torch/
         '  File "train-cell", line 17, in train',
         "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",

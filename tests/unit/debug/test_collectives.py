@@ -74,3 +74,26 @@ def test_an_observer_that_raises_is_dropped_and_the_call_goes_through_unchanged(
     assert capsys.readouterr().err.splitlines() == [  # one line for the observer without failed()
         "warning: Plain stopped observing torch.distributed's collectives (KeyError: 'a bug in an observer')"]
     assert log.seen == [("enter", "backward"), ("leave", "backward", None)] * 2  # the others still see every call
+
+
+def test_ddp_forward_is_observed_where_it_broadcasts_the_buffers_and_only_there():
+    from datetime import timedelta
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
+    seen = []
+    log = type("Said", (_Log,), {"enter": lambda self, op, a, k: seen.append(
+        (op, collectives.ddp_broadcasts(a[0]))) if op == collectives.DDP_FORWARD else None})()
+    try:
+        with collectives.observing(log):
+            model = DDP(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+            model(torch.ones(2, 3)).sum().backward()
+            with torch.no_grad():
+                model(torch.ones(2, 3))  # broadcasts (the forward before it had gradients) ...
+            model(torch.ones(2, 3))  # ... and then not: the one before it ran without
+            DDP(torch.nn.Linear(2, 2))(torch.ones(1, 2))  # no buffers: no broadcast
+    finally:
+        dist.destroy_process_group()
+    assert seen == [(collectives.DDP_FORWARD, "broadcasts 3 buffers")] * 2
+    assert DDP.forward.__module__.startswith("torch")

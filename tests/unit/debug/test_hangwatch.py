@@ -110,12 +110,11 @@ def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     watch = hangwatch.Watch(threshold=60, poll=60, record=None, store=dist.HashStore())
     watch.world_size = 2  # as if joined: the main thread's side does not connect
     x = torch.ones(2)
-    for op in ("_broadcast_coalesced", "backward", "backward", "all_gather"):
+    for op in ("all_reduce", "backward", "backward", "all_gather"):
         watch.leave(watch.enter(op, (x,), {}), None)
     watch.enter("backward", (), {})  # the third one, still running
     said = json.loads(watch.where(1))
-    assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("_broadcast_coalesced", 1, 0),
-                                                                             ("all_gather", 2, 2)]
+    assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("all_reduce", 1, 0), ("all_gather", 2, 2)]
     assert said["backwards"] == 3 and (said["current"]["op"], said["current"]["backwards"]) == ("backward", 3)
 
 

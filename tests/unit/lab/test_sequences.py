@@ -14,7 +14,7 @@ def call(op, seq, backwards, tensors="float32[1]", where="train-cell:12 in train
             "backwards": backwards}
 
 
-BCAST = call("_broadcast_coalesced", 1, 0, "13 tensors", "train-cell:5 in train()")
+FORWARD = call("DDP.forward", 1, 0, "broadcasts 3 buffers", "train-cell:5 in train()")
 GATHER = call("all_gather", 2, 5, "2 tensors", "shared-cell:20 in replica_spread(), from train-cell:10 in train()")
 BACKWARD_6 = call("backward", 0, 6, "DDP's gradient buckets", "train-cell:19 in train()")
 
@@ -24,16 +24,25 @@ def answer(history, backwards, current):
 
 
 # Lab 2's record: rank 0 is in its 6th backward(), rank 1 has run out of batches and waits in all_gather #2.
-UNEVEN = [{"rank": 1, "block": [], "answers": {"0": answer([BCAST], 6, BACKWARD_6),
-                                               "1": answer([BCAST, GATHER], 5, GATHER)}}]
+UNEVEN = [{"rank": 1, "block": [], "answers": {"0": answer([FORWARD], 6, BACKWARD_6),
+                                               "1": answer([FORWARD, GATHER], 5, GATHER)}}]
 
 
 def test_a_sequence_puts_the_backward_calls_between_the_collectives():
     rank0, rank1 = (sequences.sequence(a) for a in sequences.answers(UNEVEN).values())
-    assert [s.name() for s in rank0] == ["_broadcast_coalesced #1"] + [f"backward() #{n}" for n in range(1, 7)]
+    assert [s.name() for s in rank0] == ["DDP.forward #1"] + [f"backward() #{n}" for n in range(1, 7)]
     assert [s.waiting for s in rank0] == [False] * 6 + [True]  # the 6th backward is where rank 0 waits
     assert rank0[-1].where == "train-cell:19 in train()"
     assert [s.name() for s in rank1][-2:] == ["backward() #5", "all_gather #2"] and rank1[-1].waiting
+
+
+def test_backward_calls_before_the_first_collective_count_from_the_start():
+    """A rank whose first numbered collective came after five backward() calls: they are all known."""
+    late = GATHER | {"seq": 1}
+    steps = sequences.sequence(answer([late], 5, late))
+    assert [s.name() for s in steps] == [f"backward() #{n}" for n in range(1, 6)] + ["all_gather #1"]
+    cut = sequences.sequence(answer([late | {"seq": 65}], 5, late))  # older calls forgotten: from the oldest kept
+    assert [s.name() for s in cut] == ["all_gather #65"]
 
 
 def test_the_first_difference_is_the_first_position_where_the_calls_differ():
@@ -49,7 +58,7 @@ def test_the_first_difference_is_the_first_position_where_the_calls_differ():
 
 
 def test_long_agreeing_beginnings_are_folded_into_one_row():
-    many = [call("_broadcast_coalesced", n, n - 1) for n in range(1, 9)]  # a forward's broadcast before each backward
+    many = [call("DDP.forward", n, n - 1) for n in range(1, 9)]  # a forward's broadcast before each backward
     gather = GATHER | {"seq": 8, "backwards": 7}  # rank 1's 8th collective is another one
     record = {"answers": {"0": answer(many, 7, many[-1]), "1": answer([*many[:-1], gather], 7, gather)}}
     rows = sequences._rows({r: sequences.sequence(a) for r, a in sequences.answers(record).items()})

@@ -16,9 +16,6 @@ from tests.conftest import REPO
 
 TREES = ("workshop_lib", "tools", "tests", "benchmarks")
 PRIVATE_READER = REPO / "workshop_lib" / "debug" / "private.py"
-# Observed, not read or written: wrapped call-through beside the public collectives (DDP's constructor and its
-# forward's buffer broadcast call it), and listed with the private reads in docs/reference/library.md.
-OBSERVED = {("torch.distributed", "_broadcast_coalesced")}
 PATCHERS = {"patched", "setattr", "patch.object", "monkeypatch.setattr", "mock.patch.object"}
 
 
@@ -97,7 +94,7 @@ def findings(where: str, source: str) -> list[str]:
             dotted = _dotted(owner, names.torch)
             if dotted and isinstance(name, ast.Constant) and isinstance(name.value, str):
                 whole = f"{dotted}.{name.value}"
-                if _private(whole) and (dotted, name.value) not in OBSERVED:
+                if _private(whole):
                     found.append(f"{where}:{node.lineno}: replaces {whole}")
         if isinstance(node, ast.Call) and _call_name(node.func) in ("patch", "mock.patch", "unittest.mock.patch") \
                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
@@ -108,7 +105,7 @@ def findings(where: str, source: str) -> list[str]:
 
 
 def private_reads(where: str, source: str) -> list[str]:
-    """Each use of a private torch name (an import of one included) outside the wraps in OBSERVED."""
+    """Each use of a private torch name (an import of one included)."""
     tree = ast.parse(source)
     names = _Names()
     names.visit(tree)
@@ -117,7 +114,7 @@ def private_reads(where: str, source: str) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and id(node) not in inner:  # the whole chain, once
             dotted = _dotted(node, names.torch)
-            if dotted and _private(dotted) and tuple(dotted.rsplit(".", 1)) not in OBSERVED:
+            if dotted and _private(dotted):
                 found.append(f"{where}:{node.lineno}: reads {dotted}")
     return found
 
@@ -153,14 +150,16 @@ def test_no_sitecustomize_changes_what_the_tests_run():
      "monkeypatch.setattr(LocalElasticAgent, '_shutdown', f)\n",
      "replaces torch.distributed.elastic.agent.server.local_elastic_agent.LocalElasticAgent._shutdown"),
     ("import unittest.mock\nunittest.mock.patch('torch.distributed._foo', f)\n", "replaces torch.distributed._foo"),
+    ("import torch.distributed as dist\nwith patched(dist, '_broadcast_coalesced', g):\n    pass\n",
+     "replaces torch.distributed._broadcast_coalesced"),
 ])
 def test_the_search_finds_each_kind_it_looks_for(source, says):
     assert [f.split(": ", 1)[1] for f in findings("x.py", source)] == [says]
 
 
-def test_the_search_lets_public_patches_and_the_listed_wrap_be():
-    source = ("import torch.distributed as dist\nimport torch\n"
-              "with patched(dist, 'all_reduce', f), patched(dist, '_broadcast_coalesced', g):\n    pass\n"
+def test_the_search_lets_public_patches_be():
+    source = ("import torch.distributed as dist\nimport torch\nfrom torch.nn.parallel import DistributedDataParallel\n"
+              "with patched(dist, 'all_reduce', f), patched(DistributedDataParallel, 'forward', g):\n    pass\n"
               "monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: True)\n")
     assert findings("x.py", source) == []
     assert private_reads("x.py", "import torch._dynamo\nimport torch\ntorch._C._foo()\n") == [

@@ -119,6 +119,17 @@ def check(path: str | Path, step: int | None = None) -> None:
     _passed(line)
 
 
+def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str]:
+    """``--all``'s table: a row per step, its script, its status and, where wrong, the mistake."""
+    root = lab_root()
+    rows = [(f"step {step}", str(p.resolve().relative_to(root) if p.resolve().is_relative_to(root) else p), status,
+             "" if status != "wrong" else line.split(": ", 1)[1])
+            for step, p, (status, line) in zip(STEPS, paths, results, strict=True)]
+    width = max(len(r[1]) for r in rows)
+    return [f"{'step':<7} {'script':<{width}}  {'status':<11} mistake",
+            *(f"{step:<7} {shown:<{width}}  {status:<11} {why}".rstrip() for step, shown, status, why in rows)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workshop_lib.check", description=__doc__.splitlines()[0])
     p.add_argument("script", nargs="?", type=Path, help="your step script (default: runs/mine/stepN_*.py)")
@@ -129,16 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.all:
         paths = [default_script(step, args.dir) for step in STEPS]
-        rows = []
-        for step, path, (status, line) in zip(STEPS, paths, check_scripts(paths, list(STEPS)), strict=True):
-            root = lab_root()
-            shown = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
-            rows.append((f"step {step}", str(shown), status, "" if status != "wrong" else line.split(": ", 1)[1]))
-        width = max(len(r[1]) for r in rows)
-        print(f"{'step':<7} {'script':<{width}}  {'status':<11} mistake")
-        for step, shown, status, why in rows:
-            print(f"{step:<7} {shown:<{width}}  {status:<11} {why}".rstrip())
-        return 0 if all(r[2] == "done" for r in rows) else 1
+        results = check_scripts(paths, list(STEPS))
+        print("\n".join(table(paths, results)))
+        return 0 if all(status == "done" for status, _ in results) else 1
     if args.script is None and args.step is None:
         raise WorkshopError("nothing to check; pass your script's path, --step N, or --all")
     path = args.script or default_script(step_of(Path("."), args.step), args.dir)

@@ -16,7 +16,7 @@ import torch
 
 from workshop_lib import checkpoint
 from workshop_lib.checks import rules
-from workshop_lib.checks.events import _at, _of, passes
+from workshop_lib.checks.recorder import _at, _of, passes
 from workshop_lib.checks.runner import Run
 from workshop_lib.errors import first_line
 

@@ -1,11 +1,6 @@
-"""Running a learner's script on two single-process "nodes", watched and recorded, stopped when it cannot end well.
-
-Each run (an :class:`Item`) gets two fresh ranks from the lab's one launcher (:class:`workshop_lib.lab.ranks.Ranks`)
-with the variables ``torchrun --nnodes=2 --nproc_per_node=1`` would set (LOCAL_RANK 0 on both: a local rank used
-where the global one belongs shows), the group's store hosted here as torchrun's agent hosts it, Gloo on CPU. Each
-rank runs the script as ``__main__`` under the hang watch and the recorder (:func:`run_item`). :func:`_why_stop`
-says when the runner kills both; :func:`load` reads back what each rank recorded.
-"""
+"""A learner's script on two fresh ranks (:class:`workshop_lib.lab.ranks.Ranks`) as ``torchrun --nnodes=2
+--nproc_per_node=1`` would start it (LOCAL_RANK 0 on both, the store hosted here, Gloo on CPU), watched and recorded
+(:func:`run_item`), stopped as soon as it cannot end well (:func:`_why_stop`)."""
 
 from __future__ import annotations
 
@@ -105,11 +100,8 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> d
 
 
 def run_item(item: dict, log: str) -> None:
-    """One rank of one run, in a process of its own: its own log, the course folder, one thread, then the script.
-
-    A forked rank keeps the parent's objects unfreed (their destructors need the parent's threads) and joins gloo on
-    the loopback by name: a forked process must not resolve host names (a lock held at the fork stays locked).
-    """
+    """One rank, in a process of its own: its log, the course folder, one thread, then the script. A forked rank
+    keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
     import gc
 
     import torch

@@ -16,7 +16,7 @@ from workshop_lib.checks import record
 from workshop_lib.checks import shards as judged
 from workshop_lib.checks.common import CheckFailed, _call, _missed, _passed
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
-from workshop_lib.checks.events import passes
+from workshop_lib.checks.recorder import passes
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.patching import patched

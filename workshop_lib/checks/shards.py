@@ -1,18 +1,12 @@
-"""Sharding judged by what each rank read, then explained by how its sampler was built.
-
-:func:`read_mistake` looks only at the indices each rank's training loader yielded in each epoch: as many epochs as
-asked, disjoint across the ranks (up to DistributedSampler's padding), together covering the split, in a new order
-each epoch. :func:`cause` then reads the records of the samplers and loader passes
-(:mod:`workshop_lib.checks.record`) for why. The script checker and the notebook's ``sampler.shards`` check use
-both, so a mistake reads the same.
-"""
+"""Sharding judged by the indices each rank's loader read (:func:`read_mistake`), then explained by how its sampler
+was built and used (:func:`cause`): for the script checker and notebook 02's check alike."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 
-from workshop_lib.checks.events import _and, _at, _of, samplers
+from workshop_lib.checks.recorder import _and, _at, _of
 
 Reads = dict[int, list[list[int]]]  # rank -> the indices read in each epoch, in order
 
@@ -58,13 +52,10 @@ def _common(got: dict[int, list[int]], pair: list[int]) -> int:
 
 
 def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: int | None = None) -> str:
-    """Why, from the records of the samplers built over ``split`` and the loader passes over it; '' if unknown.
-
-    ``kind`` is :func:`read_mistake`'s: shards that overlap or miss come from how the sampler was built or used;
-    the same order every epoch from ``shuffle=False`` or ``set_epoch``.
-    """
+    """Why, from the records of the samplers over ``split`` and the loader passes; '' if unknown (``kind``: what
+    :func:`read_mistake` measured)."""
     world = world or len(ranks)
-    made = {r: samplers(ev, split) for r, ev in ranks.items()}
+    made = {r: _of(ev, "sampler", split=split) for r, ev in ranks.items()}
     built = {r: m[-1] for r, m in made.items() if m}
     if not built:
         return ("no DistributedSampler was built over the data, so every rank's DataLoader reads all of it: give the "

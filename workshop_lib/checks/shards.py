@@ -3,6 +3,7 @@ was built and used (:func:`cause`): for the script checker and notebook 02's che
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -28,10 +29,10 @@ def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecu
         sizes = {len(indices) for indices in got.values()}
         padding = share * world - n if sizes == {share} else 0
         repeated = sum(c - 1 for c in counts.values() if c > 1)
-        if repeated > padding:
-            pair = _sharing(got)
-            return "overlap", (f"in epoch {e + 1} ranks {_and(pair)} read {_common(got, pair)} of the same {what} "
-                               f"(together {len(counts)} of {n})")
+        if repeated > padding:  # the pair of ranks that share the most
+            a, b = max(itertools.combinations(sorted(got), 2), key=lambda p: len(set(got[p[0]]) & set(got[p[1]])))
+            return "overlap", (f"in epoch {e + 1} ranks {_and([a, b])} read {len(set(got[a]) & set(got[b]))} of the "
+                               f"same {what} (together {len(counts)} of {n})")
         dropped = world - 1 if sizes == {n // world} else 0  # drop_last=True leaves out fewer than one a rank
         if len(counts) < n - dropped:
             return "missing", f"in epoch {e + 1} the ranks read {len(counts)} of the {n} {what} together"
@@ -39,16 +40,6 @@ def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecu
         if all(reads[r][e] == reads[r][e - 1] for r in reads):
             return "same_order", f"epoch {e + 1} read the same {what} in the same order as epoch {e} on every rank"
     return None
-
-
-def _sharing(got: dict[int, list[int]]) -> list[int]:
-    ranks = sorted(got)
-    best = max(((a, b) for a in ranks for b in ranks if a < b), key=lambda p: len(set(got[p[0]]) & set(got[p[1]])))
-    return list(best)
-
-
-def _common(got: dict[int, list[int]], pair: list[int]) -> int:
-    return len(set(got[pair[0]]) & set(got[pair[1]]))
 
 
 def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: int | None = None) -> str:

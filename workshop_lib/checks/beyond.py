@@ -1,10 +1,7 @@
-"""The exercise checks of notebook 06 (beyond DDP): compile with DDP, FSDP2's evaluation and saving, a DCP resume.
+"""The checks of notebook 06 (beyond DDP): compile with DDP, FSDP2's evaluation and saving, a DCP resume.
 
-As in :mod:`workshop_lib.checks.common`: a tick and one line when the exercise works, else :class:`CheckFailed` with
-one line. :func:`compiled_ddp` and :func:`fsdp` run the learner's functions on 2 ranks forked by
-:func:`workshop_lib.lab.forklaunch.notebook_launch`; :func:`resume` saves a 2-rank DDP run with
-``torch.distributed.checkpoint`` and calls the learner's resume in the kernel, as one process with no process group.
-"""
+:func:`compiled_ddp` and :func:`fsdp` run the learner's functions on 2 forked ranks; :func:`resume` loads what 2 DDP
+ranks saved with ``torch.distributed.checkpoint`` in the kernel, one process with no process group."""
 
 from __future__ import annotations
 
@@ -23,11 +20,7 @@ MLP_BUCKETS = 4  # DDP's buckets of MLP() at bucket_cap_mb=1: the last Linear wi
 
 
 class MLP(nn.Module):
-    """A stand-in that Dynamo traces whole, of 4 MiB: 4 layers of 512 x 512 and an output layer.
-
-    A module of our own: Dynamo compiles a torch.nn class's forward (nn.Sequential's) only when it is called from
-    code Dynamo traces, and DDP calls its module from code Dynamo skips.
-    """
+    """4 MiB that Dynamo traces whole (a class of our own: DDP calls nn.Sequential from code Dynamo skips)."""
 
     def __init__(self):
         super().__init__()
@@ -66,10 +59,8 @@ def _compiled(env, fn: Callable) -> dict:
 
 
 def compiled_ddp(fn: Callable, predicted: int | None = None, nprocs: int = 2, timeout: float = 60) -> None:
-    """``fn(model, backend, bucket_cap_mb)`` compiles ``MLP()`` with ``backend`` and wraps it in DDP: one graph a bucket.
-
-    ``predicted``: the learner's number of graphs, said with a tick or a cross after the check.
-    """
+    """``fn(model, backend, bucket_cap_mb)`` compiles ``MLP()`` and wraps it in DDP: one graph a bucket; then the
+    learner's ``predicted`` number of graphs, with a tick or a cross."""
     r = run_forked(_compiled, nprocs, fn, timeout=timeout, name="compile_and_wrap")[0]
     if not r["graphs"]:
         raise CheckFailed("Dynamo compiled no graph: compile the model with the backend given "
@@ -109,7 +100,6 @@ def share_prediction(predicted: float | None, share: float) -> None:
         _passed(f"{share:.0%} (you said {predicted:.0%}): {why}")
     else:
         _missed(f"you predicted {predicted:.0%}, the run gave {share:.0%}: {why}")
-
 
 
 def _small_model() -> nn.Module:
@@ -247,10 +237,8 @@ def resume(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
 
 
 def main() -> None:
-    """One compiled DDP step of :class:`MLP` on each rank, under torchrun: ``TORCH_LOGS=ddp_graphs`` shows the split.
-
-        TORCH_LOGS=ddp_graphs torchrun --standalone --nproc_per_node=2 -m workshop_lib.checks.beyond
-    """
+    """One compiled DDP step of :class:`MLP` a rank: ``TORCH_LOGS=ddp_graphs torchrun --standalone
+    --nproc_per_node=2 -m workshop_lib.checks.beyond`` shows the split."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 

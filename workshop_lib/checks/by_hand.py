@@ -1,12 +1,7 @@
-"""The check of notebook 04b's optional exercise: data parallelism by hand, each gradient all-reduced as it is made.
+"""The check of notebook 04b's optional exercise: each gradient all-reduced asynchronously as it is made.
 
-The learner's ``train_by_hand(model, optimizer, batches)`` registers a hook per parameter
-(``Tensor.register_post_accumulate_grad_hook``) that starts an asynchronous all-reduce of its gradient, and waits
-for the handles before each ``optimizer.step()``. :func:`by_hand` runs it on 2 forked ranks next to DDP and next to
-the plain version that all-reduces every gradient after ``backward()`` (:func:`after_backward`), from the same
-weights on the same batches with SGD: the weights must match DDP's to 1e-6, and every all-reduce must have been
-waited for before the step that uses it. It prints each version's step time against DDP's. Same contract as
-``workshop_lib.checks.common``.
+:func:`by_hand` runs the learner's ``train_by_hand`` on 2 forked ranks beside DDP and :func:`after_backward`, from
+the same weights on the same batches with SGD: DDP's weights to 1e-6, every handle waited for before the step.
 """
 
 from __future__ import annotations
@@ -56,7 +51,6 @@ class _Watch:
     def __init__(self):
         self.handles: list = []
         self.blocking = self.started = self.unwaited = 0
-        self.first_grad: torch.Tensor | None = None
 
     def all_reduce(self, real):
         def spy(tensor, *args, **kwargs):
@@ -65,17 +59,14 @@ class _Watch:
             if work is None:
                 self.blocking += 1
                 return None
-            handle = _Handle(work)
-            self.handles.append(handle)
-            return handle
+            self.handles.append(_Handle(work))
+            return self.handles[-1]
         return spy
 
-    def step(self, model, real):
+    def step(self, real):
         def spy(*args, **kwargs):
             self.unwaited += sum(not h.waited for h in self.handles)
             self.handles.clear()
-            if self.first_grad is None:
-                self.first_grad = torch.cat([p.grad.flatten() for p in model.parameters()]).clone()
             return real(*args, **kwargs)
         return spy
 
@@ -93,7 +84,7 @@ class _Handle:
 
 
 def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None):
-    """Fresh weights (the same on every rank), SGD, ``fn``; per-step times, the weights, the watch."""
+    """Fresh weights (the same on every rank), SGD, ``fn``: per-step times, the weights, the first step's gradients."""
     import torch.distributed as dist
 
     from workshop_lib.model import SmilesLSTM
@@ -101,10 +92,12 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
     torch.manual_seed(0)
     model = SmilesLSTM(vocab, dropout=0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    times, last = [], [time.perf_counter()]
+    times, last, first = [], [time.perf_counter()], []
 
     def stamp(real):
         def spy(*args, **kwargs):
+            if not first:
+                first.append(torch.cat([p.grad.flatten() for p in model.parameters()]).clone())
             out = real(*args, **kwargs)
             now = time.perf_counter()
             times.append(now - last[0])
@@ -115,12 +108,12 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
     with contextlib.ExitStack() as spies:
         spies.enter_context(patched(optimizer, "step", stamp))
         if watch is not None:
-            spies.enter_context(patched(optimizer, "step", lambda real: watch.step(model, real)))
+            spies.enter_context(patched(optimizer, "step", watch.step))
             spies.enter_context(patched(dist, "all_reduce", watch.all_reduce))
         dist.barrier()  # start together
         last[0] = time.perf_counter()
         fn(model, optimizer, batches)
-    return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach(), (first or [None])[0]
 
 
 def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rounds: int):
@@ -131,38 +124,24 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
     if hasattr(hangwatch, "uninstall"):
         hangwatch.uninstall()
     batches = batches_of(env.rank) * rounds  # more steps for the medians; the same batches for every version
-    ddp_times, ddp_weights = _timed(_with_ddp, vocab, batches)
-    plain_times, _ = _timed(after_backward, vocab, batches)
+    ddp_times, ddp_weights, ddp_first = _timed(_with_ddp, vocab, batches)
+    plain_times, _, _ = _timed(after_backward, vocab, batches)
     watch = _Watch()
     try:
-        hand_times, hand_weights = _timed(train_by_hand, vocab, batches, watch)
+        hand_times, hand_weights, first = _timed(train_by_hand, vocab, batches, watch)
     except NotImplementedError:
         return {"status": "todo"}
     except Exception as err:  # the check names it
         return {"status": "error", "error": f"{type(err).__name__}: {first_line(err, 300)}"}
-    # DDP's first gradient, for a learner's that differs: one SGD step of the same start
-    first = _first_ddp_grad(vocab, batches[0])
     return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
             "hand_weights": hand_weights, "blocking": watch.blocking, "started": watch.started,
-            "unwaited": watch.unwaited, "first_grad": watch.first_grad, "ddp_first_grad": first}
-
-
-def _first_ddp_grad(vocab: int, b) -> torch.Tensor:
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from workshop_lib.model import SmilesLSTM
-
-    torch.manual_seed(0)
-    ddp = DDP(SmilesLSTM(vocab, dropout=0.0))
-    F.binary_cross_entropy_with_logits(ddp(b.tokens, b.lengths), b.labels).backward()
-    return torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
+            "unwaited": watch.unwaited, "first_grad": first, "ddp_first_grad": ddp_first}
 
 
 def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: int = 2, rounds: int = 2,
             timeout: float = 60) -> None:
-    """Run the learner's ``train_by_hand`` next to DDP and :func:`after_backward` (``rounds`` passes over each
-    rank's ``batches_of(rank)``); compare the weights, time the steps, say what is wrong."""
+    """The learner's ``train_by_hand`` beside DDP and :func:`after_backward`, ``rounds`` passes over each rank's
+    ``batches_of(rank)``: the weights compared, the steps timed."""
     ranks = run_forked(_on_rank, nprocs, train_by_hand, batches_of, vocab, rounds, timeout=timeout,
                        name="train_by_hand")
     bad = next((r for r in ranks if r["status"] != "ok"), None)

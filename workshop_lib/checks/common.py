@@ -1,9 +1,4 @@
-"""Instant feedback for the exercises: each check runs the learner's own function and says what is wrong.
-
-A check prints one line starting with a tick when the exercise works (and returns None, so a notebook cell shows
-nothing else). When it does not, it raises CheckFailed, whose message says what happened and what to change; in
-Jupyter it shows as that one line, without a traceback.
-"""
+"""What every check shares: a ✓ line when the exercise works, else CheckFailed, one ✗ line without a traceback."""
 
 from __future__ import annotations
 
@@ -42,13 +37,10 @@ def predict_first(predicted, name: str) -> None:
 HANG_AFTER = 8.0
 
 
-def _hang_message(diagnosis: str, fix: str) -> str:
-    """The hang watch's line, and the fix unless it already says one (different shapes: the same shape)."""
-    return diagnosis if "every rank must" in diagnosis else f"{diagnosis}: {fix}, or the others wait for it"
-
-
 def _call(fn: Callable, name: str, *args):
     """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
+    from workshop_lib.debug import frames
+
     try:
         return fn(*args)
     except CheckFailed:
@@ -60,36 +52,24 @@ def _call(fn: Callable, name: str, *args):
             raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process "
                               f"group has not been initialized)") from None
         why = torch_errors.explain(str(err))
-        raise CheckFailed(f"{name} raised {type(err).__name__}{_learners_line(err)}: {first_line(err, 300)}"
-                          + (f"; {why}" if why else "")) from None
-
-
-def _learners_line(err: BaseException) -> str:
-    """' (line N)': the innermost line of the learner's code in ``err``'s traceback, if any."""
-    from workshop_lib.debug import frames
-
-    mine = frames.raised_at(err)
-    return f" (line {mine.lineno})" if mine else ""
+        mine = frames.raised_at(err)  # the innermost line of the learner's code
+        raise CheckFailed(f"{name} raised {type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: "
+                          f"{first_line(err, 300)}" + (f"; {why}" if why else "")) from None
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
-                 hang_after: float | None = None,
-                 fix: str = "every rank must call every collective, in the same order") -> list:
-    """``fn(env, *args)`` on ``nprocs`` ranks; a failure or a hang becomes one CheckFailed line.
-
-    The ranks are :func:`~workshop_lib.lab.forklaunch.notebook_launch`'s: forked on Linux, else spawned
-    with ``fn`` and ``args`` (the learner's functions among them) sent by value.
-
-    ``hang_after``: seconds before a waiting collective counts as a hang (default :data:`HANG_AFTER`);
-    ``fix``: what the line tells the learner to do about a hang.
-    """
+               hang_after: float | None = None,
+               fix: str = "every rank must call every collective, in the same order") -> list:
+    """``fn(env, *args)`` on ``nprocs`` ranks of :func:`~workshop_lib.lab.forklaunch.notebook_launch`; a failure or
+    a hang (a collective waiting ``hang_after`` s, default :data:`HANG_AFTER`) becomes one line, with ``fix``."""
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, RanksFailed, notebook_launch
 
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout,
                                hang_after=HANG_AFTER if hang_after is None else hang_after)
-    except HangError as err:
-        raise CheckFailed(_hang_message(err.diagnosis, fix)) from None
+    except HangError as err:  # the watch's line, and the fix unless it says one already
+        said = err.diagnosis
+        raise CheckFailed(said if "every rank must" in said else f"{said}: {fix}, or the others wait for it") from None
     except LaunchTimeout:
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None

@@ -1,8 +1,5 @@
-"""The checks of notebook 01: the learner's ``check_all_reduce`` on 2 ranks, its prediction, and ``setup``.
-
-``process_group`` (``setup`` as a made-up rank 3 of 4) is :mod:`workshop_lib.checks.made_up_rank`'s, and ``script``
-the script checker's: the notebook calls both as ``check.NAME``.
-"""
+"""The checks of notebook 01: the learner's ``check_all_reduce`` on 2 ranks, its prediction, and ``setup``
+(:mod:`made_up_rank`'s ``process_group``)."""
 
 from __future__ import annotations
 
@@ -67,10 +64,8 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
 
 
 def collectives_prediction(predicted: dict, results: list[dict], rank: int = 1) -> None:
-    """Compare the learner's prediction of ``rank``'s results (a list per collective) with what the ranks returned.
-
-    Said with a tick or a cross per collective, never raised: a guess is not a bug, and Run All goes on.
-    """
+    """The learner's prediction of ``rank``'s results (a list per collective) against the ranks': a tick or a cross
+    per collective, never raised."""
     got = {name: [round(v, 6) for v in results[rank][name].tolist()] for name in predicted}
     if all(value is None for value in predicted.values()):
         _missed(f"no prediction to compare: fill in `predicted` before the run; rank {rank} got {got}")

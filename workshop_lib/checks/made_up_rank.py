@@ -1,11 +1,6 @@
-"""``setup(timeout)`` as a made-up rank 3 of 4, local rank 1 (2 processes a node, torchrun's variables set).
-
-:func:`process_group` (notebook 01) calls it in this process once on a node that pretends to have 2 GPUs and
-once on a CPU, with ``torch.cuda.set_device`` and ``init_process_group`` observed instead of called: nothing is
-joined. Every textbook form passes: env:// (torch reads RANK and WORLD_SIZE), with or without ``timeout=``,
-``device_id=`` this process's GPU. The script checker runs the same check on a script's ``setup``
-(:func:`on_a_gpu_node`).
-"""
+"""``setup(timeout)`` as a made-up rank 3 of 4, local rank 1, once on a node faking 2 GPUs and once on a CPU, with
+torchrun's variables set and ``set_device``/``init_process_group`` observed, not called: nothing is joined. Every
+textbook form passes. Notebook 01's ``process_group``, and the script checker's :func:`on_a_gpu_node`."""
 
 from __future__ import annotations
 

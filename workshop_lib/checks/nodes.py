@@ -1,12 +1,5 @@
-"""The two-node torchrun command of notebook 04a: read as torchrun reads it, then run as two nodes on this machine.
-
-The learner writes the one command that every node of a two-node job runs, with a c10d rendezvous.
-:func:`two_node_command` parses it with torchrun's own argument parser and names, in one line, what would keep two
-real nodes from forming one group. Then it starts the command twice on this machine, as two agents that meet at the
-rendezvous: the endpoint's host becomes 127.0.0.1 and its port a free one, and this module (``python -m
-workshop_lib.checks.nodes``, each rank all-reduces a one and says who it is) runs in place of the training script.
-Everything else runs as written.
-"""
+"""Notebook 04a's two-node torchrun command: read with torchrun's own parser (:func:`mistake`), then run twice here
+as two nodes meeting at the rendezvous (on 127.0.0.1, a free port), this module in place of the training script."""
 
 from __future__ import annotations
 
@@ -78,17 +71,13 @@ def mistake(args, script: str) -> str | None:
 
 def _flags_here(flags: list[str], endpoint: str) -> list[str]:
     """The learner's torchrun flags, with the rendezvous endpoint replaced by ``endpoint``."""
-    out, skip = [], False
+    out = []
     for i, flag in enumerate(flags):
-        if skip:
-            skip = False
-            continue
         name = flag.split("=", 1)[0]
         if name in ("--rdzv_endpoint", "--rdzv-endpoint"):
             out.append(f"--rdzv-endpoint={endpoint}")
-            skip = "=" not in flag and i + 1 < len(flags)
-            continue
-        out.append(flag)
+        elif not (i and flags[i - 1] in ("--rdzv_endpoint", "--rdzv-endpoint")):  # not the value of one given apart
+            out.append(flag)
     return out
 
 

@@ -1,28 +1,22 @@
-"""The exercise checks of notebook 04a (patterns of real jobs): each runs the learner's code and names the mistake.
-
-* :func:`allreduce_count`: the learner's prediction of how many all-reduces DDP runs in an accumulation of
-  micro-batches, against the ones recorded (:func:`recording_allreduces`);
-* :func:`accumulation`: a training loop that accumulates gradients with ``no_sync``;
-* :func:`snapshots`: the learner's step 4 script through the script checker (also ``check.script(path)``).
-
-The two-node command has its own module, :mod:`workshop_lib.checks.nodes`.
-"""
+"""The checks of notebook 04a: gradient accumulation with ``no_sync``, and the all-reduces it runs, predicted."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import torch
 
-from workshop_lib.checks.baseline import _weights
 from workshop_lib.checks.common import CheckFailed, _passed, run_forked
 from workshop_lib.checks.recorder import Recorder
-from workshop_lib.checks.script import check as script
+from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
+
+
+def _weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
 
 
 def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
@@ -78,13 +72,8 @@ def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale:
 
 def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int = 4,
                  nprocs: int = 2, timeout: float = 90) -> None:
-    """Run ``train_accumulating(model, optimizer, batches, accum)`` on ``nprocs`` forked ranks.
-
-    ``batches_of(rank)`` gives that rank's micro-batches (a multiple of
-    ``accum``, all the same size). Afterwards every rank must hold the weights
-    of one process that took one SGD step per group of ``accum`` micro-batches
-    of every rank, as one big batch, and DDP must have all-reduced once per step.
-    """
+    """``train_accumulating(model, optimizer, batches_of(rank), accum)`` on forked ranks: the weights of one process
+    stepping once per ``accum`` micro-batches of every rank, and one all-reduce per step."""
     ranks = run_forked(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum, timeout=timeout,
                          name="train_accumulating")
     status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
@@ -146,12 +135,8 @@ class _AllReduces:
 
 @contextlib.contextmanager
 def recording_allreduces(model) -> Iterator[list[dict]]:
-    """Record every all-reduce DDP runs for ``model`` while the block runs; yields the list of events.
-
-    DDP all-reduces its gradient buckets in C++; with torch's own ``allreduce_hook`` registered (which
-    changes nothing in what DDP computes) each bucket goes through ``dist.all_reduce``, where the
-    recorder sees it, with the number of the ``backward()`` it ran in.
-    """
+    """Every all-reduce DDP runs for ``model`` in the block, with its backward()'s number: torch's own
+    ``allreduce_hook`` (which changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     from workshop_lib.debug import collectives
@@ -175,11 +160,3 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
                 if predicted > len(ran) else "every backward() outside no_sync() all-reduces the gradients it finds")
         raise CheckFailed(f"you predicted {predicted}; {seen}: {hint}")
     _passed(f"{seen}: inside no_sync() backward() only adds into .grad, and the last one all-reduces the sum")
-
-
-# ------------------------------------------------------------------------------- snapshots (step 4)
-
-
-def snapshots(path: str | Path) -> None:
-    """The learner's step 4 script through the script checker: its run, then a resume into the same --out (resume)."""
-    script(path, step=4)

@@ -1,12 +1,8 @@
-"""Watching one rank of a run from outside: what it read, stepped, evaluated, saved, and which collectives it called.
+"""Watching one rank from outside: what it read, stepped, evaluated, saved, and which collectives it called.
 
 :func:`recording` attaches an observer to each public function of :data:`OBSERVED`, the one table of what is watched
-(``unittest.mock.patch.object``), to the learner's collectives and ``loss.backward()``
-(:class:`~workshop_lib.checks.recorder.Collectives`) and to every optimizer step (torch's step post-hook: the
-parameters after it), into a :class:`~workshop_lib.checks.recorder.Recorder`; then takes them all off. Each observer
-calls through and changes nothing the function does; none adds a collective (the ranks' records are compared
-afterwards, from their files). The notebook checks use the same observers in-process.
-"""
+(``unittest.mock.patch.object``), to the collectives and ``loss.backward()``, and to every optimizer step (torch's
+step post-hook); each calls through and changes nothing the function does, adding no collective."""
 
 from __future__ import annotations
 

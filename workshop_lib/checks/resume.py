@@ -1,25 +1,22 @@
-"""Step 4, checked through a resume: the snapshot of the first run, the second run that continues it.
+"""Step 4, checked through a resume: the first run's snapshot, a second run that continues it, an uninterrupted one.
 
-The script checker runs step 4 three times (:func:`workshop_lib.checks.script._items`): ``--epochs 2`` into OUT;
-``--epochs 3`` into a copy of OUT (it must find the snapshot, train epoch 3 alone, and report all three); ``--epochs
-3`` into a fresh folder, the uninterrupted run whose figures the resumed one must end with.
-
-What the runs show decides: the file OUT holds after the first run (it loads with ``weights_only=True`` and holds the
-last epoch), the paths the learner's ``torch.save`` wrote (straight onto snapshot.pt, or a temporary file left
-behind), the arguments each rank gave ``torch.load`` in the resumed run, the epochs that run trained, and its figures
-against the uninterrupted run's. Only ``map_location`` is read from the call alone: on CPU it changes nothing.
+After ``--epochs 2`` into OUT, ``--epochs 3`` into a copy of OUT must load the snapshot safely, train epoch 3 alone
+and end with the figures of ``--epochs 3`` into a fresh folder. Only ``map_location`` is read from the call alone:
+on CPU it changes nothing.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from workshop_lib import checkpoint
 from workshop_lib.checks import rules
-from workshop_lib.checks.events import _at, _of, passes
+from workshop_lib.checks.recorder import _at, _of, passes
 from workshop_lib.checks.runner import Run
 from workshop_lib.errors import first_line
 
@@ -112,19 +109,24 @@ def _epochs_mistake(resumed: Run, first: int) -> str | None:
     return f"{what}: after loading the snapshot, start the loop at the epoch after the snapshot's"
 
 
-def mistake(case: rules.Case, later: list[Run], work: Path) -> str | None:
-    """The first thing wrong with the snapshot or the resume, as one line; None when it continues exactly."""
+def mistake(case: rules.Case, work: Path, rerun: Callable[[str], Run]) -> str | None:
+    """The first thing wrong with the snapshot or the resume, as one line; None when it continues exactly.
+
+    ``rerun(name)`` runs the script for 3 epochs into WORK/name: ``resumed`` (a copy of the first run's OUT), then
+    ``whole``; each only when what came before holds.
+    """
     found = snapshot_mistake(work / "out", case.epochs) or writing_mistake(case, work / "out")
     if found:
         return found
-    resumed, whole = later
-    for run, what in ((resumed, f"the resumed run (--epochs {EPOCHS} into the same --out)"),
-                      (whole, f"an uninterrupted {EPOCHS}-epoch run")):
-        other = rules.Case(run, case.step, EPOCHS, case.source, case.name)
-        message = rules.first_mistake(other)
+    shutil.copytree(work / "out", work / "resumed", dirs_exist_ok=True)
+    runs = {}
+    for name, what in (("resumed", f"the resumed run (--epochs {EPOCHS} into the same --out)"),
+                       ("whole", f"an uninterrupted {EPOCHS}-epoch run")):
+        runs[name] = rerun(name)
+        message = rules.first_mistake(rules.Case(runs[name], case.step, EPOCHS, case.source, case.name))
         if message:
             return f"{what}: {message}"
-    found = loading_mistake(resumed) or _epochs_mistake(resumed, case.epochs)
+    found = loading_mistake(runs["resumed"]) or _epochs_mistake(runs["resumed"], case.epochs)
     if found:
         return found
     got, want = ((rules.read_metrics(work / run) or {}).get("history", []) for run in ("resumed", "whole"))

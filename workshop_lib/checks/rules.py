@@ -1,11 +1,7 @@
-"""From what every rank did to one line: first how the run ended, then what it did wrong (:mod:`step_rules`).
+"""From what every rank did to one line: first how the run ended (:data:`ENDINGS`), then the step's rules.
 
-A :class:`Case` is one checked run: the ranks' records (a :class:`~workshop_lib.checks.runner.Run`), the step, and
-the script's text (for the line of a cause). Each rule returns one line or None; the first line wins. The rules here
-are about how the run ended: no rule after them is asked about a run where a rank raised, left early, waited or was
-stopped, so no ✓ comes from such a run. Each names the rank that left, where (file:line), and what the others waited
-in, with the hang watch's line where it has one.
-"""
+No rule after the endings is asked about a run where a rank raised, left early, waited or was stopped, so no ✓
+comes from such a run. Each names the rank, where (file:line), and what the others waited in."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workshop_lib.checks import source, torch_errors
-from workshop_lib.checks.events import _and, _at, _of, call_name, end, how, steps, waiting_in
+from workshop_lib.checks.recorder import _and, _at, _of, call_name, end, how, steps, waiting_in
 from workshop_lib.checks.runner import Run
 
 
@@ -53,9 +49,6 @@ def read_metrics(out: Path) -> dict | None:
 def _shorten(text: str, case: Case) -> str:
     """The hang watch's line with the script's path as its name."""
     return re.sub(r"\S*/" + re.escape(case.name), case.name, text)
-
-
-# ----------------------------------------------------------------------------- how the run ended
 
 
 def open_todo(case: Case) -> str | None:

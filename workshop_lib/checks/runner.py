@@ -1,42 +1,35 @@
-"""Running learner's scripts on two single-process "nodes", and stopping a run that can no longer end well.
-
-Each run (an :class:`Item`) gets two fresh ranks from the lab's one launcher
-(:class:`workshop_lib.lab.ranks.Ranks`: forked from this process where fork is
-safe, else spawned), with the variables ``torchrun --nnodes=2 --nproc_per_node=1``
-would set: RANK 0 and 1, LOCAL_RANK 0 on both (a local rank used where the global
-rank belongs shows), the group's store hosted here as torchrun's agent hosts it,
-Gloo on CPU even where GPUs exist. Each rank runs :func:`workshop_lib.checks.rank.run_item`.
-A run is stopped (both processes killed) as soon as:
-
-* the hang watch has saved a block where a rank waits for one still in the job;
-* the ranks joined wrongly (two of them with the same ``rank=``);
-* a rank has ended and another has made no progress for :data:`LEFT_WAITING` s;
-* no rank has made progress for :data:`STALL` s, or the item outlived :data:`LIMIT` s.
-
-What each rank recorded is read back by :func:`load`.
-"""
+"""A learner's script on two fresh ranks (:class:`workshop_lib.lab.ranks.Ranks`) as ``torchrun --nnodes=2
+--nproc_per_node=1`` would start it (LOCAL_RANK 0 on both, the store hosted here, Gloo on CPU), watched and recorded
+(:func:`run_item`), stopped as soon as it cannot end well (:func:`_why_stop`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
+import runpy
+import sys
 import time
-from collections.abc import Sequence
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch.distributed as dist
 
-from workshop_lib.debug import hangreport
+from workshop_lib.checks.record import Recorder, recording
+from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.errors import first_line
 from workshop_lib.lab.ranks import Ranks
 from workshop_lib.lab.spawning import start_method
+from workshop_lib.paths import lab_root
 
 WORLD = 2
 LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
 STALL = 15.0  # seconds without news from any rank
 LIMIT = 60.0  # seconds for one item
+HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
 
 @dataclass
@@ -46,8 +39,6 @@ class Item:
     script: Path
     argv: list[str]
     prefix: Path
-    copy: tuple[Path, Path] | None = None  # the runner copies this folder to that one first (a run that continues another)
-    needs: Item | None = None  # an item this one is pointless without: skipped when the runner had to stop that one
 
     @property
     def hang(self) -> Path:
@@ -64,6 +55,72 @@ class Run:
     stopped: str | None = None  # why the runner stopped it, if it did
     seconds: float = 0.0
     output: str = ""
+
+
+# ----------------------------------------------------------------------------- one rank
+
+
+def _ending(err: BaseException | None, script: str) -> dict:
+    """How the script ended: ``ok``, ``exit`` (a non-zero SystemExit) or ``error``, and the script's line it left."""
+    if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
+        return {"how": "ok"}
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
+    at = frames[-1].lineno if frames else None
+    if isinstance(err, SystemExit):
+        message = getattr(err, "message", None) or str(err.code)
+        return {"how": "exit", "code": err.code if isinstance(err.code, int) else 1, "message": message[:300], "at": at}
+    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": at,
+            "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
+
+
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:
+    """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
+    script = os.path.abspath(script)
+    rec = Recorder(prefix)
+    rec.add("start", line=False, pid=os.getpid(), argv=argv)
+    saved_argv, sys.argv = sys.argv, [script, *argv]
+    hangwatch.attach(threshold=float(os.environ.get(hangwatch.AFTER_VARIABLE, HANG_AFTER)), record=hang_record,
+                     poll=0.25)
+    error: BaseException | None = None
+    try:
+        with recording(rec):
+            runpy.run_path(script, run_name="__main__")
+    except BaseException as err:  # every way out is an outcome to report
+        error = err
+    finally:
+        sys.argv = saved_argv
+        hangwatch.detach()  # says this rank left; the next script gets a watch of its own
+    still_joined = dist.is_available() and dist.is_initialized()
+    end = rec.add("end", line=False, left_group=not still_joined, **_ending(error, script))
+    rec.close()
+    if still_joined:  # a script that never left
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return end
+
+
+def run_item(item: dict, log: str) -> None:
+    """One rank, in a process of its own: its log, the course folder, one thread, then the script. A forked rank
+    keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
+    import gc
+
+    import torch
+
+    gc.freeze()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
+    for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
+        os.environ.pop(name, None)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.chdir(lab_root())
+    torch.set_num_threads(1)
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"])
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- the pair, from outside
 
 
 def _read(path: Path) -> list[dict]:
@@ -117,12 +174,14 @@ def _ended(item: Item, rank: int) -> bool:
 
 
 def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
+    """Why to stop the run now: the watch saw a rank wait for one that is still in the job, or for one that has
+    ended; two ranks joined as one; a rank has ended and another is quiet; nobody is making progress; too long."""
     if hangreport.missing_rank(item.hang):
         return "hang"
     ended = [r for r in range(WORLD) if _ended(item, r)]
     blocks = hangreport.load(item.hang)
     if ended and any(b["missing"] and set(b["missing"]) <= set(ended) for b in blocks):
-        return "left"  # the watch says the ranks still waiting wait for ranks that have ended
+        return "left"
     events = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(WORLD)}
     given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
     if "none" not in given and given[0] is not None and len(set(given)) < len(given):
@@ -144,23 +203,17 @@ def _env(rank: int, port: int) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}  # Gloo on CPU, GPUs or not
 
 
-def run_one(item: Item) -> Run:
-    """Run ``item`` on two ranks (:class:`workshop_lib.lab.ranks.Ranks`), stopping it as the module says."""
-    import torch.distributed as dist
-
-    from workshop_lib.checks.rank import run_item
-
-    if item.copy:  # a run that continues another's --out gets a copy of it (the original stays)
-        shutil.copytree(*item.copy, dirs_exist_ok=True)
+def run(item: Item) -> Run:
+    """Run ``item`` on two fresh ranks, stopping it as :func:`_why_stop` says; what the ranks did."""
     # The group's store, hosted here as torchrun's agent hosts it: both ranks find it listening.
     store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
     logs = [Path(f"{item.prefix}.rank{r}.log") for r in range(WORLD)]
     envs = {r: _env(r, store.port) for r in range(WORLD)}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
-    spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
-            "hang": str(item.hang), "unset": unset}
     for r in range(WORLD):
         envs[r][RECORD_VARIABLE] = str(item.hang)
+    spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
+            "hang": str(item.hang), "unset": unset}
     ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in range(WORLD)}, envs, start_method())
     progress, started, stopped = _Progress(item), time.monotonic(), None
     try:
@@ -181,14 +234,3 @@ def run_one(item: Item) -> Run:
         stopped = None
     output = "".join(log.read_text(errors="replace") for log in logs if log.is_file())
     return load(item, stopped, time.monotonic() - started, output)
-
-
-def run(items: Sequence[Item], workdir: Path) -> list[Run]:
-    """Run every item on two fresh ranks, in turn; what each did (see :class:`Run`)."""
-    runs: list[Run] = []
-    for item in items:
-        if item.needs is not None and runs[items.index(item.needs)].stopped:  # no run that would be moot
-            runs.append(Run({r: [] for r in range(WORLD)}, stopped="skipped"))
-        else:
-            runs.append(run_one(item))
-    return runs

@@ -1,11 +1,5 @@
-"""The checks of notebook 02 (DistributedSampler): the shards each rank's loader read; the spread predicted.
-
-:func:`shards` builds the learner's ``make_loader`` as 4 made-up ranks, 2 on each node (so local ranks repeat), over
-11 items, with ``dist.get_rank`` and ``dist.get_world_size`` answering for the made-up rank (nothing is joined), and
-reads 2 epochs from each loader (``loader.sampler.set_epoch`` before each, where the sampler has one). The verdict
-comes from the indices the loaders yielded, judged as the script checker judges a real run
-(:mod:`workshop_lib.checks.shards`), then explained from how the samplers were built.
-"""
+"""The checks of notebook 02: the shards each made-up rank's loader read (judged as :mod:`shards` judges a run),
+and the predicted replica spread."""
 
 from __future__ import annotations
 
@@ -20,12 +14,23 @@ import torch.distributed as dist
 
 from workshop_lib.checks import record
 from workshop_lib.checks import shards as judged
-from workshop_lib.checks.baseline import tiny_dataset
 from workshop_lib.checks.common import CheckFailed, _call, _missed, _passed
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
-from workshop_lib.checks.events import passes
+from workshop_lib.checks.recorder import passes
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
+from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.patching import patched
+
+
+def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
+    """``n`` made-up molecules (random tokens, 3 to 8 long) as the domain's own dataset class."""
+    g = torch.Generator().manual_seed(0)
+    data = TokenizedDataset.__new__(TokenizedDataset)
+    data.lengths = torch.randint(3, 9, (n,), generator=g)  # (N,)
+    data.tokens = torch.randint(1, vocab, (n, 8), generator=g) * (torch.arange(8) < data.lengths[:, None])  # (N, 8)
+    data.labels = (torch.arange(n) % 2).float()  # (N,)
+    data.smiles = [f"m{i}" for i in range(n)]
+    return data
 
 
 def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
@@ -59,8 +64,8 @@ def _read(make_loader: Callable, dataset, rank: int, world_size: int, per_node: 
 
 
 def shards(make_loader: Callable, n: int = 11, world_size: int = 4, per_node: int = 2, epochs: int = 2) -> None:
-    """``make_loader(dataset, batch_size, seed)`` as each of ``world_size`` ranks: disjoint shards, all of the
-    items together, a new order each epoch."""
+    """``make_loader(dataset, batch_size, seed)`` as each of ``world_size`` made-up ranks (``per_node`` a node, nothing
+    joined): disjoint shards, all of the items together, a new order each epoch."""
     dataset = tiny_dataset(n)
     ranks = {r: _read(make_loader, dataset, r, world_size, per_node, epochs) for r in range(world_size)}
     reads = {r: passes(events, "train") for r, events in ranks.items()}
@@ -87,10 +92,7 @@ def _seed_passed(make_loader: Callable, dataset, world_size: int, per_node: int,
 
 
 def spread_prediction(predicted: float | None, result: dict) -> None:
-    """The learner's predicted replica spread after epoch 1 of step 2, against the run's ``result`` (metrics.json).
-
-    A prediction is not code: a wrong one is printed with a cross and the reason, not raised.
-    """
+    """The predicted replica spread after epoch 1 of step 2 against the run's metrics.json; never raised."""
     spreads = [row["replica_spread"] for row in result["history"]]
     first = result["history"][0]  # metrics.json counts every rank's molecules; a rank's last batch may be short
     per_rank = round(first["samples_per_second"] * first["seconds"] / result["world_size"])

@@ -5,14 +5,9 @@
     python -m workshop_lib.check --all                         # a table: every step, done / wrong / not started
     python -m workshop_lib.check --all --dir solutions         # the same for the scripts of another folder
 
-Each script runs as ``__main__`` on two single-process "nodes" (Gloo, 200 molecules, 2 epochs;
-:mod:`workshop_lib.checks.runner`), with the hang watch and the recorder attached from outside. The verdict rests on
-what the run did (:mod:`workshop_lib.checks.rules`, :mod:`workshop_lib.checks.step_rules`): how every rank ended;
-each rank's split and the indices its training loader read; the replicas' spread after every optimizer step; what
-rank 0 evaluated, logged and saved. Step 4 runs twice more: ``--epochs 3`` into a copy of the first run's ``--out``
-must resume at epoch 3 and end with the figures of one uninterrupted 3-epoch run
-(:mod:`workshop_lib.checks.resume`). Then what the CPU run cannot show: ``setup`` as rank 3 of 4 on a node with 2
-GPUs. The line starts with a tick when everything measured holds; exit code 0, else 1.
+Each script runs on two single-process "nodes" (Gloo, 200 molecules, 2 epochs; :mod:`runner`), judged by what the
+run did (:mod:`rules`, :mod:`step_rules`); step 4 also resumes (:mod:`resume`); then ``setup`` as rank 3 of 4 on a
+node with 2 GPUs (:mod:`made_up_rank`). A ✓ line and exit code 0 when everything measured holds, else ✗ and 1.
 """
 
 from __future__ import annotations
@@ -66,29 +61,22 @@ def not_started(path: Path, step: int) -> bool:
     return todos > 0 and path.read_text().count(TODO_LINE) >= todos
 
 
-def _items(path: Path, step: int, work: Path) -> list[runner.Item]:
-    """The runs of one script: one of EPOCHS epochs; for step 4 also the resumed and the uninterrupted one."""
-    out = work / "out"
-    items = [runner.Item(path, [*ARGS, "--epochs", str(EPOCHS), "--out", str(out)], work / "run")]
-    if step == 4:
-        more = str(resume.EPOCHS)
-        items += [runner.Item(path, [*ARGS, "--epochs", more, "--out", str(work / "resumed")], work / "resumed",
-                              copy=(out, work / "resumed"), needs=items[0]),
-                  runner.Item(path, [*ARGS, "--epochs", more, "--out", str(work / "whole")], work / "whole",
-                              needs=items[0])]
-    return items
+def _run(path: Path, work: Path, name: str, epochs: int) -> runner.Run:
+    """One run of the script with ``--epochs epochs --out WORK/name``, recorded under WORK/name.*."""
+    return runner.run(runner.Item(path, [*ARGS, "--epochs", str(epochs), "--out", str(work / name)], work / name))
 
 
-def judge(path: Path, step: int, runs: list[runner.Run], work: Path) -> tuple[str, str]:
-    """('done' | 'wrong', one line) from the script's runs (see :func:`_items`)."""
-    run = runs[0]
+def judge(path: Path, step: int, work: Path) -> tuple[str, str]:
+    """('done' | 'wrong', one line): the script's run judged; step 4 resumed only when that run holds."""
+    work.mkdir(parents=True)
+    run = _run(path, work, "out", EPOCHS)
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
     case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, rules.read_metrics(work / "out"), work / "out")
     message = rules.first_mistake(case, step_rules.RULES[step])
     if message is None and step == 4:
-        message = resume.mistake(case, runs[1:], work)
+        message = resume.mistake(case, work, lambda name: _run(path, work, name, resume.EPOCHS))
     if message is None:
         message = on_a_gpu_node(path)
     if message is not None:
@@ -102,7 +90,7 @@ def judge(path: Path, step: int, runs: list[runner.Run], work: Path) -> tuple[st
 
 
 def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = None) -> list[tuple[str, str]]:
-    """('done' | 'wrong' | 'not started', one line) for each script; the ones to run share one pair of ranks."""
+    """('done' | 'wrong' | 'not started', one line) for each script."""
     paths = [Path(p) for p in paths]
     steps = list(steps or [None] * len(paths))
     results: list[tuple[str, str] | None] = [None] * len(paths)
@@ -117,30 +105,29 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
             ast.parse(path.read_text())
         except SyntaxError as err:
             results[i] = ("wrong", f"{path.name} line {err.lineno}: {err.msg}; fix the syntax")
-    todo = [i for i, r in enumerate(results) if r is None]
-    if todo:
-        with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
-            items = {i: _items(paths[i], steps[i], Path(tmp) / f"script{i}") for i in todo}
-            for i in todo:
-                items[i][0].prefix.parent.mkdir(parents=True)
-            flat = [item for i in todo for item in items[i]]
-            runs = iter(runner.run(flat, Path(tmp)))
-            for i in todo:  # while the runs' folders are still there
-                mine = [next(runs) for _ in items[i]]
-                results[i] = judge(paths[i], steps[i], mine, Path(tmp) / f"script{i}")
+    with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
+        for i in (i for i, r in enumerate(results) if r is None):
+            results[i] = judge(paths[i], steps[i], Path(tmp) / f"script{i}")
     return results  # type: ignore[return-value]
-
-
-def check_script(path: Path, step: int | None = None) -> tuple[str, str]:
-    return check_scripts([path], [step])[0]
 
 
 def check(path: str | Path, step: int | None = None) -> None:
     """For a notebook: check the step script the learner wrote (``scripts.write_script``); a ✓ line, or CheckFailed."""
-    status, line = check_script(Path(path), step)
+    status, line = check_scripts([Path(path)], [step])[0]
     if status != "done":
         raise CheckFailed(line)
     _passed(line)
+
+
+def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str]:
+    """``--all``'s table: a row per step, its script, its status and, where wrong, the mistake."""
+    root = lab_root()
+    rows = [(f"step {step}", str(p.resolve().relative_to(root) if p.resolve().is_relative_to(root) else p), status,
+             "" if status != "wrong" else line.split(": ", 1)[1])
+            for step, p, (status, line) in zip(STEPS, paths, results, strict=True)]
+    width = max(len(r[1]) for r in rows)
+    return [f"{'step':<7} {'script':<{width}}  {'status':<11} mistake",
+            *(f"{step:<7} {shown:<{width}}  {status:<11} {why}".rstrip() for step, shown, status, why in rows)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -153,20 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.all:
         paths = [default_script(step, args.dir) for step in STEPS]
-        rows = []
-        for step, path, (status, line) in zip(STEPS, paths, check_scripts(paths, list(STEPS)), strict=True):
-            root = lab_root()
-            shown = path.resolve().relative_to(root) if path.resolve().is_relative_to(root) else path
-            rows.append((f"step {step}", str(shown), status, "" if status != "wrong" else line.split(": ", 1)[1]))
-        width = max(len(r[1]) for r in rows)
-        print(f"{'step':<7} {'script':<{width}}  {'status':<11} mistake")
-        for step, shown, status, why in rows:
-            print(f"{step:<7} {shown:<{width}}  {status:<11} {why}".rstrip())
-        return 0 if all(r[2] == "done" for r in rows) else 1
+        results = check_scripts(paths, list(STEPS))
+        print("\n".join(table(paths, results)))
+        return 0 if all(status == "done" for status, _ in results) else 1
     if args.script is None and args.step is None:
         raise WorkshopError("nothing to check; pass your script's path, --step N, or --all")
     path = args.script or default_script(step_of(Path("."), args.step), args.dir)
-    status, line = check_script(path, args.step)
+    status, line = check_scripts([path], [args.step])[0]
     print(f"{TICK if status == 'done' else CROSS} {line}", flush=True)
     return 0 if status == "done" else 1
 

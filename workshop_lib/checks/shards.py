@@ -1,18 +1,13 @@
-"""Sharding judged by what each rank read, then explained by how its sampler was built.
-
-:func:`read_mistake` looks only at the indices each rank's training loader yielded in each epoch: as many epochs as
-asked, disjoint across the ranks (up to DistributedSampler's padding), together covering the split, in a new order
-each epoch. :func:`cause` then reads the records of the samplers and loader passes
-(:mod:`workshop_lib.checks.record`) for why. The script checker and the notebook's ``sampler.shards`` check use
-both, so a mistake reads the same.
-"""
+"""Sharding judged by the indices each rank's loader read (:func:`read_mistake`), then explained by how its sampler
+was built and used (:func:`cause`): for the script checker and notebook 02's check alike."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
-from workshop_lib.checks.events import _and, _at, _of, samplers
+from workshop_lib.checks.recorder import _and, _at, _of
 
 Reads = dict[int, list[list[int]]]  # rank -> the indices read in each epoch, in order
 
@@ -34,10 +29,10 @@ def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecu
         sizes = {len(indices) for indices in got.values()}
         padding = share * world - n if sizes == {share} else 0
         repeated = sum(c - 1 for c in counts.values() if c > 1)
-        if repeated > padding:
-            pair = _sharing(got)
-            return "overlap", (f"in epoch {e + 1} ranks {_and(pair)} read {_common(got, pair)} of the same {what} "
-                               f"(together {len(counts)} of {n})")
+        if repeated > padding:  # the pair of ranks that share the most
+            a, b = max(itertools.combinations(sorted(got), 2), key=lambda p: len(set(got[p[0]]) & set(got[p[1]])))
+            return "overlap", (f"in epoch {e + 1} ranks {_and([a, b])} read {len(set(got[a]) & set(got[b]))} of the "
+                               f"same {what} (together {len(counts)} of {n})")
         dropped = world - 1 if sizes == {n // world} else 0  # drop_last=True leaves out fewer than one a rank
         if len(counts) < n - dropped:
             return "missing", f"in epoch {e + 1} the ranks read {len(counts)} of the {n} {what} together"
@@ -47,24 +42,11 @@ def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecu
     return None
 
 
-def _sharing(got: dict[int, list[int]]) -> list[int]:
-    ranks = sorted(got)
-    best = max(((a, b) for a in ranks for b in ranks if a < b), key=lambda p: len(set(got[p[0]]) & set(got[p[1]])))
-    return list(best)
-
-
-def _common(got: dict[int, list[int]], pair: list[int]) -> int:
-    return len(set(got[pair[0]]) & set(got[pair[1]]))
-
-
 def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: int | None = None) -> str:
-    """Why, from the records of the samplers built over ``split`` and the loader passes over it; '' if unknown.
-
-    ``kind`` is :func:`read_mistake`'s: shards that overlap or miss come from how the sampler was built or used;
-    the same order every epoch from ``shuffle=False`` or ``set_epoch``.
-    """
+    """Why, from the records of the samplers over ``split`` and the loader passes; '' if unknown (``kind``: what
+    :func:`read_mistake` measured)."""
     world = world or len(ranks)
-    made = {r: samplers(ev, split) for r, ev in ranks.items()}
+    made = {r: _of(ev, "sampler", split=split) for r, ev in ranks.items()}
     built = {r: m[-1] for r, m in made.items() if m}
     if not built:
         return ("no DistributedSampler was built over the data, so every rank's DataLoader reads all of it: give the "

@@ -1,8 +1,5 @@
-"""Causes read from the script's text: which function holds a line, a loop ended under a rank test, and the like.
-
-The rules judge what the run did (:mod:`workshop_lib.checks.rules`, :mod:`workshop_lib.checks.step_rules`); these
-only explain a mistake already measured, or show what a CPU run cannot (``device_ids`` on a GPU node).
-"""
+"""Causes read from the script's text (which function holds a line, a loop left under a rank test...): they explain
+a mistake the run showed, or show what a CPU run cannot (``device_ids`` on a GPU node)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""What a run that ended well did, judged step by step: each rank's split and shard, the replicas, rank 0's duties.
+"""What a run that ended well did, step by step: each rank's split and shard, the replicas, rank 0's duties.
 
-Asked only once every rank has finished (:mod:`workshop_lib.checks.rules` judged the endings). Each rule measures an
-effect, then names a cause where the records show one; :func:`passed` builds the ✓ line from the same measurements,
-so it states only what was measured.
-"""
+Each rule measures an effect, then names a cause where the records show one; :func:`passed` builds the ✓ line from
+the same measurements, so it states only what was measured."""
 
 from __future__ import annotations
 
@@ -11,7 +9,7 @@ import math
 from collections.abc import Callable
 
 from workshop_lib.checks import shards, source
-from workshop_lib.checks.events import _and, _at, _of, passes, split_sizes, spreads, steps
+from workshop_lib.checks.recorder import _and, _at, _of, passes, split_sizes, spreads, steps
 from workshop_lib.checks.rules import Case
 
 TOLERANCE = 1e-6  # the replicas' spread that counts as equal (DDP on CPU gives exactly 0.0)
@@ -143,17 +141,14 @@ def loading(case: Case) -> str | None:
     return None
 
 
-def _true_losses(case: Case) -> list[tuple[float, int]]:
-    """Per epoch, from each training batch's loss on every rank: (the mean over all molecules, the molecules)."""
+def _mean_losses(case: Case, ranks) -> list[tuple[float, int]]:
+    """Per epoch, from each training batch's loss on ``ranks``: (the mean over their molecules, the molecules)."""
     out = []
     for e in range(case.epochs):
-        total = count = 0.0
-        for events in case.ranks.values():
-            for s in steps(events):
-                if s.get("epoch_pass") == e:
-                    total += sum(loss * n for loss, n in s["losses"])
-                    count += sum(n for _, n in s["losses"])
-        out.append((total / count if count else math.nan, int(count)))
+        losses = [(loss, n) for r in ranks for s in steps(case.ranks[r]) if s.get("epoch_pass") == e
+                  for loss, n in s["losses"]]
+        count = sum(n for _, n in losses)
+        out.append((sum(loss * n for loss, n in losses) / count if count else math.nan, int(count)))
     return out
 
 
@@ -162,15 +157,13 @@ def logged_loss(case: Case) -> str | None:
     history = (case.metrics or {}).get("history")
     if history is None:
         return "rank 0 wrote no metrics.json: call report.finish(...) at the end, on rank 0"
-    for e, (truth, count) in enumerate(_true_losses(case)):
+    for e, ((truth, count), (own, _)) in enumerate(zip(_mean_losses(case, case.ranks), _mean_losses(case, [0]),
+                                                       strict=True)):
         if e >= len(history) or math.isnan(truth):
             continue
         logged = history[e]["train_loss"]
         if abs(logged - truth) <= 1e-4 * max(1.0, abs(truth)):
             continue
-        mine = [(sum(loss * n for loss, n in s["losses"]), sum(n for _, n in s["losses"]))
-                for s in steps(case.ranks[0]) if s.get("epoch_pass") == e]
-        own = sum(t for t, _ in mine) / max(1, sum(n for _, n in mine))
         ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
                if c.get("op") not in (None, "SUM", "AVG")
                and source.function_at(case.source, c.get("line")) != "check_all_reduce"]

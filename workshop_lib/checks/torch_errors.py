@@ -1,10 +1,7 @@
-"""What torch's own error means when a learner's DDP line causes it: one table, torch's words to the cause and the fix.
+"""Torch's own error, when a learner's DDP line causes it, to the cause and the fix: one table, :data:`KNOWN`.
 
-A check that sees a rank raise (the script checker's :func:`workshop_lib.checks.rules.crashed`, a check cell's
-:func:`workshop_lib.checks.common.run_forked`) shows torch's first line, then the cause and the fix from
-:data:`KNOWN`. Each pattern is matched against torch's whole message (a ``load_state_dict`` error names its keys on
-the lines after the first); the tests raise each error from torch itself, so a release that rewords one shows.
-"""
+Each pattern is matched against torch's whole message; the tests raise each error from torch itself, so a release
+that rewords one shows."""
 
 from __future__ import annotations
 

@@ -11,120 +11,10 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from workshop_lib.checks import baseline, common, ddp, group, sampler
+from workshop_lib.checks import common, ddp, group, sampler
 from workshop_lib.data import collate
-
-# ------------------------------------------------------------------ 00: train_epoch (in-process)
-
-
-def epoch_ok(model, loader, optimizer, device):
-    model.train()
-    totals = torch.zeros(2, device=device)
-    for tokens, lengths, labels in loader:
-        tokens, labels = tokens.to(device), labels.to(device)
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels), device=device)])
-    return totals
-
-
-def epoch_zero_grad_last(model, loader, optimizer, device):  # zero_grad after the step: as right
-    totals = torch.zeros(2)
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels))])
-    return totals
-
-
-def epoch_no_zero_grad(model, loader, optimizer, device):
-    totals = torch.zeros(2)
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        loss.backward()
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels))])
-    return totals
-
-
-def epoch_one_step(model, loader, optimizer, device):
-    totals = torch.zeros(2)
-    optimizer.zero_grad()
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        loss.backward()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels))])
-    optimizer.step()
-    return totals
-
-
-def epoch_no_backward(model, loader, optimizer, device):
-    totals = torch.zeros(2)
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels))])
-    return totals
-
-
-def epoch_zero_grad_between(model, loader, optimizer, device):
-    totals = torch.zeros(2)
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        loss.backward()
-        optimizer.zero_grad()
-        optimizer.step()
-        totals += torch.stack([loss.detach() * len(labels), torch.tensor(len(labels))])
-    return totals
-
-
-def epoch_mean_not_sum(model, loader, optimizer, device):
-    totals = torch.zeros(2)
-    for tokens, lengths, labels in loader:
-        loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        totals += torch.stack([loss.detach(), torch.tensor(len(labels))])
-    return totals
-
-
-def epoch_todo(model, loader, optimizer, device):
-    raise NotImplementedError("fill in the TODO above")
-
-
-def test_train_epoch_passes_and_says_what_it_measured(capsys):
-    baseline.train_epoch(epoch_ok)
-    out = capsys.readouterr().out
-    assert out.startswith("\N{CHECK MARK} train_epoch: 3 batches (4 + 4 + 2 molecules), 3 optimizer steps, each on its "
-                          "batch's own gradients (the weights match the textbook loop's); returned [loss sum "), out
-    assert out.rstrip().endswith("10 molecules]")
-
-
-def test_train_epoch_accepts_zero_grad_after_the_step(capsys):
-    baseline.train_epoch(epoch_zero_grad_last)
-    assert capsys.readouterr().out.startswith("\N{CHECK MARK} train_epoch")
-
-
-@pytest.mark.parametrize(("fn", "message"), [
-    (epoch_no_zero_grad, "each step also used the gradients of the batches before it: call optimizer.zero_grad()"),
-    (epoch_one_step, "optimizer.step() ran 1 time(s) for 3 batches: once per batch"),
-    (epoch_no_backward, "loss.backward() ran 0 time(s) for 3 batches"),
-    (epoch_zero_grad_between, "the weights did not move: optimizer.step() found no gradients"),
-    (epoch_mean_not_sum, "weigh each batch's mean loss by its molecules (loss * len(labels))"),
-    (epoch_todo, "train_epoch still raises NotImplementedError"),
-], ids=["no_zero_grad", "one_step", "no_backward", "zero_grad_between", "mean_not_sum", "todo"])
-def test_train_epoch_names_the_mistake(fn, message):
-    with pytest.raises(common.CheckFailed, match=re.escape(message)):
-        baseline.train_epoch(fn)
-
 
 # ------------------------------------------------------------------ 02: shards (in-process, 4 made-up ranks)
 
@@ -345,45 +235,6 @@ def test_all_reduce_that_waits_for_a_rank_elsewhere_is_stopped_early_and_names_i
                        rf"reduce_rank0_while_rank1_sleeps\(\) at {here}:\d+: every rank must call "
                        rf"dist\.all_reduce, or the others wait for it$"):
         group.all_reduce(reduce_rank0_while_rank1_sleeps, timeout=60)
-
-
-# ------------------------------------------------------------- 03: average_gradients (2 forked ranks)
-
-def by_hand_ok(model):
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
-
-
-def by_hand_avg(model):  # gloo has ReduceOp.AVG on torch 2.13: as right
-    for p in model.parameters():
-        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-
-
-def by_hand_summed(model):
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-
-
-def by_hand_nothing(model):
-    pass
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("fn", "message"), [
-    (by_hand_ok, None),
-    (by_hand_avg, None),
-    (by_hand_summed, "rank 0's gradients are the sum over the ranks, not the mean: divide each by dist.get_world_size()"),
-    (by_hand_nothing, "rank 0's gradients are its own batch's alone: all-reduce every p.grad"),
-])
-def test_average_gradients(fn, message, capsys):
-    if message is None:
-        ddp.average_gradients(fn)
-        assert "the weights match DDP's on all 2 ranks" in capsys.readouterr().out
-    else:
-        with pytest.raises(common.CheckFailed, match=re.escape(message)):
-            ddp.average_gradients(fn)
 
 
 # ------------------------------------------------------------- 03: the learner's own torchrun, read back

@@ -2,8 +2,7 @@
 
 The accumulation loop runs on 2 forked ranks, as in the notebook; the
 prediction check reads hand-built records, and the recorder is checked against a
-real DDP model. The snapshots check is the script checker's resume of step 4
-(tests/unit/checks/test_script.py holds its mistakes); here, that it delegates.
+real DDP model. Step 4's script check is test_script.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import contextlib
 import pytest
 import torch.nn.functional as F
 
-from tests.conftest import REPO
 from workshop_lib.checks import patterns
 from workshop_lib.checks.common import CheckFailed
 from workshop_lib.config import TrainConfig
@@ -21,7 +19,6 @@ from workshop_lib.data import collate, load_splits
 from workshop_lib.lab import forklaunch
 
 SPLITS = None
-STEP4 = REPO / "solutions" / "step4_snapshots.py"
 
 
 def batches_of(rank: int):
@@ -130,13 +127,3 @@ def test_each_accumulation_mistake_is_named(loop, named):
     with pytest.raises(CheckFailed) as err:
         patterns.accumulation(loop, batches_of, vocab())
     assert named in str(err.value), str(err.value)
-
-
-# ------------------------------------------------------------------------- step 4's snapshots
-
-
-def test_snapshots_is_the_script_checkers_resume_check(monkeypatch):
-    seen = []
-    monkeypatch.setattr(patterns, "script", lambda path, step=None: seen.append((path, step)))
-    patterns.snapshots(STEP4)
-    assert seen == [(STEP4, 4)]

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from workshop_lib.checks import resume, rules, shards, source, step_rules
-from workshop_lib.checks.events import spreads, waiting_in
+from workshop_lib.checks.recorder import spreads, waiting_in
 from workshop_lib.checks.rules import Case
 from workshop_lib.checks.runner import Run
 

@@ -28,7 +28,7 @@ def test_each_rank_runs_the_item_as_given_and_the_pair_ends(method, monkeypatch,
     started = []
     real = runner.Ranks
     monkeypatch.setattr(runner, "Ranks", lambda *a: started.append(real(*a)) or started[-1])
-    [run] = runner.run([item], tmp_path)
+    run = runner.run(item)
     assert [r.method for r in started] == [method]
     assert run.stopped is None, run.output
     said = [json.loads(line) for line in run.output.splitlines() if line.startswith("{")]
@@ -51,6 +51,6 @@ def test_each_run_gets_fresh_ranks_so_one_scripts_groups_never_reach_the_next(tm
     script = tmp_path / "groups.py"
     script.write_text(SEVERAL_GROUPS)
     first, second = (runner.Item(script, [], tmp_path / name) for name in ("first", "second"))
-    runs = runner.run([first, second], tmp_path)
+    runs = [runner.run(first), runner.run(second)]
     assert [r.stopped for r in runs] == [None, None], runs[-1].output
     assert [r.ranks[0][-1]["how"] for r in runs] == ["ok", "ok"], runs[-1].output

@@ -153,6 +153,25 @@ def test_speedup_prediction_is_judged_and_split_into_padding_and_data_parallelis
     assert verdict in capsys.readouterr().out
 
 
+def test_token_rates_count_the_padding_of_each_runs_batches(capsys):
+    """03's speed-up table: molecules/s from the runs, tokens from their own split, padding from their batch."""
+    from workshop_lib.paths import DEFAULT_DATA
+
+    runs = {f"batch {b}": {"config": {"limit": 300, "data": str(DEFAULT_DATA)}, "batch_size_per_process": b,
+                           "history": [{"samples_per_second": 1.0}, {"samples_per_second": 100.0}]}
+            for b in (128, 64)}
+    ddp.token_rates(runs)
+    rows = [re.match(r"batch (\d+) +([\d,]+) +([\d,]+) +([\d,]+)  \(([\d.]+)x at batch \1\)", line)
+            for line in capsys.readouterr().out.splitlines()[1:]]
+    assert all(rows), rows
+    held = {int(r[1]): float(r[5]) for r in rows}
+    assert held[128] >= held[64] > 1.0  # a batch of 128 is two of 64 in the same order: padded to the longer max
+    for r in rows:
+        assert r[2] == "100"  # the median of the epochs after the first
+        tokens, computed = (int(x.replace(",", "")) for x in (r[3], r[4]))
+        assert computed == pytest.approx(tokens * float(r[5]), rel=0.01, abs=1)
+
+
 @pytest.mark.parametrize("value", [None, {"a": None, "b": None}])
 def test_a_run_without_a_prediction_asks_for_one_first(value):
     with pytest.raises(common.CheckFailed, match="predict first: set `predicted`"):

@@ -5,12 +5,12 @@ comes from such a run. Each names the rank, where (file:line), and what the othe
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workshop_lib import metrics as core_metrics
 from workshop_lib.checks import source, torch_errors
 from workshop_lib.checks.recorder import _and, _at, _of, call_name, end, how, steps, waiting_in
 from workshop_lib.checks.runner import Run
@@ -39,9 +39,9 @@ class Case:
 
 
 def read_metrics(out: Path) -> dict | None:
-    """What rank 0 wrote to OUT/metrics.json; None if nothing readable."""
+    """What rank 0 wrote to OUT/metrics.json (the core's reader); None if nothing readable."""
     try:
-        return json.loads((out / "metrics.json").read_text())
+        return core_metrics.read_metrics(out)
     except (OSError, ValueError):
         return None
 

@@ -10,7 +10,7 @@ Each rank now trains on 1/N of the molecules per epoch, so an epoch takes
 own shard's gradients, and their weights drift apart (printed every epoch).
 Step 3 fixes that with DistributedDataParallel.
 
-    torchrun --nproc_per_node=2 solutions/step2_sampler.py
+    torchrun --standalone --nproc_per_node=2 solutions/step2_sampler.py
 """
 
 import os
@@ -127,5 +127,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if "RANK" not in os.environ:  # plain python: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}")
+        raise SystemExit(f"start it with torchrun: torchrun --standalone --nproc_per_node=2 {os.path.relpath(__file__)}")
     main()

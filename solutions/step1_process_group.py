@@ -8,7 +8,7 @@ rank. The copies join one process group, check it with an all_reduce, and
 (for now) each trains the whole model on the whole data: N times the work,
 no speed-up yet. Step 2 splits the data.
 
-    torchrun --nproc_per_node=2 solutions/step1_process_group.py
+    torchrun --standalone --nproc_per_node=2 solutions/step1_process_group.py
 """
 
 import os
@@ -108,5 +108,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if "RANK" not in os.environ:  # plain python: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}")
+        raise SystemExit(f"start it with torchrun: torchrun --standalone --nproc_per_node=2 {os.path.relpath(__file__)}")
     main()

@@ -10,7 +10,7 @@ takes the same optimizer step and the weights stay identical (the spread
 printed each epoch is 0). Rank 0 alone evaluates, through the unwrapped
 module, and writes the files. Step 4 adds snapshots, to survive a killed rank.
 
-    torchrun --nproc_per_node=2 solutions/step3_ddp.py
+    torchrun --standalone --nproc_per_node=2 solutions/step3_ddp.py
 """
 
 import os
@@ -124,5 +124,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if "RANK" not in os.environ:  # plain python: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}")
+        raise SystemExit(f"start it with torchrun: torchrun --standalone --nproc_per_node=2 {os.path.relpath(__file__)}")
     main()

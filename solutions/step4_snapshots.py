@@ -12,7 +12,7 @@ os.replace. A run that finds one loads it on every rank and goes on after its
 epoch. Every epoch reseeds from (seed, epoch, rank), so a resumed run ends
 with the numbers of an uninterrupted one.
 
-    torchrun --nproc_per_node=2 solutions/step4_snapshots.py
+    torchrun --standalone --nproc_per_node=2 solutions/step4_snapshots.py
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=2 --max-restarts=1 \
         solutions/step4_snapshots.py
 
@@ -154,5 +154,5 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if "RANK" not in os.environ:  # plain python: torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        raise SystemExit(f"start it with torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}")
+        raise SystemExit(f"start it with torchrun: torchrun --standalone --nproc_per_node=2 {os.path.relpath(__file__)}")
     main()

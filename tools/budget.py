@@ -32,7 +32,23 @@ first one (the title, the set-up cell) belongs to the notebook only. A section
 states its time at the end of its heading, ``## 2. Backends (4 min)``; the
 notebook states its total in its first cell, ``**Time: about 25 minutes.**``.
 
-    python -m tools.build --times     # the table: stated against counted, per notebook and section
+**A room's pace.** That count is one newcomer alone (a learner doing 00 as pre-work, say). A room of 20 moves at
+its slower quarter, and the schedule an instructor keeps is written as lessons publish theirs (The Carpentries'
+"teaching" and "exercises" minutes per episode), from the same count at :data:`ROOM`'s pace::
+
+    teaching  = 1.5 x (the count without its exercises)      the room follows the prose, the code and the runs
+              + 1.0 x (a section on the projector's count)   nobody types: the instructor's own pace
+              + the section's minutes at the board            a key idea drawn, as its heading cell's metadata states
+    exercises = 1.0 x 8 min per exercise                     the count's 8 minutes hold one retry; helpers unblock
+
+The pace is calibrated on what rooms took for 00 to 03 as they stood at commit 7d280d4 (00 12-15 min, 01 60-70,
+02 40-45, 03 40-45: tests/integration/test_times.py holds it there). The stated room minutes live in the notebooks'
+metadata, the one source the README, the site and the instructor's plans read: ``metadata.lab.teaching`` and
+``metadata.lab.exercises`` for the notebook, and the same keys (and ``board``) in each ``## `` heading cell's
+``metadata.lab`` for its section. :data:`PLANS` are the two sessions an instructor can run, filled from them.
+
+    python -m tools.build --times            # the table: stated against counted, per notebook and section; the plans
+    python -m tools.build --times --restate  # write the counted room minutes into the notebooks' metadata
 """
 
 from __future__ import annotations
@@ -52,9 +68,22 @@ _STATED_SECTION = re.compile(r"\((?:about )?(\d+) min\)\s*$")
 _STATED_NOTEBOOK = re.compile(r"\*\*Time: about (\d+) min(?:utes)?\b")
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How much longer than one newcomer's count a room takes: a factor per kind of minute."""
+
+    reading: float  # the prose, the code, the runs, the figures and the commands of a section the room works through
+    projector: float  # a section on the projector: the room watches, nobody types
+    exercise: float  # the count's 8 minutes an exercise
+
+
+# A room's pace: the one place it is stated (calibrated on 00 to 03 at 7d280d4; tests/integration/test_times.py).
+ROOM = Pace(reading=1.5, projector=1.0, exercise=1.0)
+
+
 @dataclass
 class Count:
-    """One section (or a whole notebook): what a newcomer reads, writes and waits for."""
+    """One section (or a whole notebook): what a newcomer reads, writes and waits for, and a room's minutes."""
 
     title: str
     stated: int | None = None  # minutes, as the heading or the first cell says
@@ -67,6 +96,10 @@ class Count:
     commands: int = 0  # shell lines the learner types (``!torchrun ...``)
     parts: list[Count] = field(default_factory=list)
     projector: float = 0.0  # minutes of the notebook's sections on the projector (the instructor's, not counted above)
+    teaching: float = 0.0  # a room's teaching minutes (ROOM's pace, the board included)
+    practice: float = 0.0  # a room's exercise minutes (ROOM's pace)
+    board: int = 0  # minutes at the board the section's heading cell states (metadata lab.board)
+    stated_room: tuple[int | None, int | None] = (None, None)  # (teaching, exercises), as the metadata states
 
     @property
     def minutes(self) -> float:
@@ -74,7 +107,12 @@ class Count:
                 + MIN_PER_EXERCISE * self.exercises + self.reading + self.run_s / 60
                 + MIN_PER_FIGURE * self.figures + MIN_PER_COMMAND * self.commands)
 
-    def add(self, other: Count) -> None:
+    def add(self, other: Count, newcomer: bool = True) -> None:
+        """Add ``other``'s room minutes, and (``newcomer``) what it holds to the newcomer's count."""
+        self.teaching += other.teaching
+        self.practice += other.practice
+        if not newcomer:
+            return
         self.words += other.words
         self.code_lines += other.code_lines
         self.exercises += other.exercises
@@ -87,11 +125,27 @@ class Count:
         """Why the stated time disagrees with the count (by more than a third, after rounding; 1 min at least), or None."""
         if self.stated is None:
             return f"{self.title!r} states no time; the count says {self.minutes:.0f} min"
-        if self.stated == max(1, round(self.minutes)):  # a section states at least a minute
-            return None
-        if abs(self.stated - self.minutes) > self.minutes / 3 + 0.5:
-            return f"{self.title!r} states {self.stated} min; the count says {self.minutes:.0f} min"
+        return _off(self.title, "", self.stated, self.minutes, at_least=1)
+
+    def room_off(self) -> list[str]:
+        """Why the metadata's teaching or exercise minutes disagree with a room's count (as :meth:`off` judges)."""
+        wrong = []
+        for what, stated, counted, least in (("teaching", self.stated_room[0], self.teaching, 1),
+                                             ("exercises", self.stated_room[1], self.practice, 0)):
+            if stated is None:
+                wrong.append(f"{self.title!r} states no {what} minutes (metadata lab.{what}); the count says "
+                             f"{counted:.0f} min")
+            else:
+                wrong.append(_off(self.title, f" of {what}", stated, counted, least))
+        return [w for w in wrong if w]
+
+
+def _off(title: str, what: str, stated: int, counted: float, at_least: int) -> str | None:
+    if stated == max(at_least, round(counted)):  # a section states at least a minute of teaching
         return None
+    if abs(stated - counted) > counted / 3 + 0.5:
+        return f"{title!r} states {stated} min{what}; the count says {counted:.0f} min"
+    return None
 
 
 def on_the_projector(title: str) -> bool:
@@ -103,6 +157,12 @@ def stated_minutes(first_cell: str) -> int | None:
     """The notebook's stated time, from its first cell's ``**Time: about N minutes.**``; None if it states none."""
     found = _STATED_NOTEBOOK.search(first_cell)
     return int(found.group(1)) if found else None
+
+
+def stated_room(metadata) -> tuple[int | None, int | None]:
+    """(teaching, exercises) minutes a room takes, as a notebook's or a heading cell's ``metadata.lab`` states."""
+    lab = metadata.get("lab", {})
+    return lab.get("teaching"), lab.get("exercises")
 
 
 def _run_seconds(cell) -> float:
@@ -118,8 +178,10 @@ def _when(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
-def cell_count(cell) -> Count:
-    """What one cell adds: raw cells (the script-only lines) are not shown to the learner as such."""
+def cell_count(cell, pace: float = ROOM.reading) -> Count:
+    """What one cell adds: raw cells (the script-only lines) are not shown to the learner as such.
+
+    Its room minutes at ``pace`` (the factor of the section it is in) for everything but its exercises."""
     source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
     c = Count("")
     if cell.cell_type in ("markdown", "code"):
@@ -132,7 +194,13 @@ def cell_count(cell) -> Count:
         c.run_s = _run_seconds(cell)
         c.figures = sum(1 for out in cell.get("outputs", []) if "image/png" in out.get("data", {}))
         c.commands = sum(1 for line in source.splitlines() if line.lstrip().startswith("!"))
+    c.teaching, c.practice = room_minutes(c, pace)
     return c
+
+
+def room_minutes(c: Count, pace: float = ROOM.reading) -> tuple[float, float]:
+    """(teaching, exercises): a room's minutes for what ``c`` counts, its non-exercise minutes at ``pace``."""
+    return pace * (c.minutes - MIN_PER_EXERCISE * c.exercises), ROOM.exercise * MIN_PER_EXERCISE * c.exercises
 
 
 def count(path: Path) -> Count:
@@ -141,7 +209,7 @@ def count(path: Path) -> Count:
 
     nb = nbformat.read(path, as_version=4)
     first = nb.cells[0].source if nb.cells else ""
-    total = Count(Path(path).stem, stated_minutes(first))
+    total = Count(Path(path).stem, stated_minutes(first), stated_room=stated_room(nb.metadata))
     section: Count | None = None
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -149,15 +217,103 @@ def count(path: Path) -> Count:
             if heading:
                 title = heading.group("title")
                 minutes = _STATED_SECTION.search(title)
-                section = Count(title, int(minutes.group(1)) if minutes else None)
+                board = int(cell.metadata.get("lab", {}).get("board", 0))
+                section = Count(title, int(minutes.group(1)) if minutes else None, teaching=board, board=board,
+                                stated_room=stated_room(cell.metadata))
                 total.parts.append(section)
-        c = cell_count(cell)
-        if section is None or not on_the_projector(section.title):
-            total.add(c)
+                total.teaching += board
+        shown = section is not None and on_the_projector(section.title)
+        c = cell_count(cell, ROOM.projector if shown else ROOM.reading)
+        total.add(c, newcomer=not shown)
         if section is not None:
             section.add(c)
     total.projector = sum(p.minutes for p in total.parts if on_the_projector(p.title))
     return total
+
+
+def restate(path: Path) -> bool:
+    """Write the counted room minutes into the notebook's metadata (and its heading cells'); whether it changed."""
+    import nbformat
+
+    c = count(path)
+    nb = nbformat.read(path, as_version=4)
+    headings = [cell for cell in nb.cells if cell.cell_type == "markdown" and _SECTION.search(cell.source)]
+    changed = False
+    for meta, part in [(nb.metadata, c), *((cell.metadata, p) for cell, p in zip(headings, c.parts, strict=True))]:
+        lab = meta.setdefault("lab", {})
+        room = {"teaching": max(1 if part is not c else 0, round(part.teaching)), "exercises": round(part.practice)}
+        if {k: lab.get(k) for k in room} != room:
+            lab.update(room)
+            changed = True
+    if changed:
+        nbformat.write(nb, path)
+    return changed
+
+
+# ---- the plans: the sessions an instructor can run, filled from the stated room minutes ---------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A session: the notebooks taught in it, in order, with the fixed blocks between them; what is left is buffer."""
+
+    name: str
+    minutes: int  # the session's length
+    blocks: tuple[str | tuple[int, str], ...]  # a notebook's name prefix ("01_"), or (minutes, what) of a fixed block
+    before: tuple[str, ...] = ()  # the notebooks done before the session (pre-work)
+    start: str = "0:00"  # the clock time the session starts at
+
+    def notebooks(self) -> list[str]:
+        return [b for b in self.blocks if isinstance(b, str)]
+
+
+THREE_HOURS = Plan("3-hour session", 180, (
+    (10, "welcome; the pre-work's two lines from each learner (the self-test's `ready`, 00's `best epoch` line); the "
+         "problem: one process, one device"),
+    "01_", (10, "break"), "02_", "03_",
+    (5, "`python -m workshop_lib.check --all` around the room; what the optional parts hold")), before=("00_",))
+FULL_DAY = Plan("full day", 510, (
+    (15, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device"),
+    "00_", "01_", (15, "break"), "02_", "03_", (45, "lunch"), "04a_", (15, "break"), "05_",
+    (10, "`python -m workshop_lib.check --all` around the room; the day's recap; what 04b, 04c and 06 hold")),
+    start="9:00")
+PLANS = (THREE_HOURS, FULL_DAY)
+
+
+def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """(start, minutes, what) of each block of ``plan``; ``room``: each notebook's (teaching, exercises) minutes.
+
+    A notebook's block is its teaching and exercise minutes and its share of the buffer (what the session leaves
+    over, shared in proportion to the notebooks' minutes); the block's ``what`` names the notebook and says so."""
+    names = {p: next((n for n in room if n.startswith(p)), None) for p in plan.notebooks()}
+    missing = [p for p, n in names.items() if n is None]
+    if missing:
+        raise ValueError(f"the {plan.name} names notebooks {missing} that are not in notebooks/")
+    lab = [sum(room[n]) for n in names.values()]
+    buffer = plan.minutes - sum(lab) - sum(b[0] for b in plan.blocks if not isinstance(b, str))
+    if buffer < 0:
+        raise ValueError(f"the {plan.name}'s notebooks ({sum(lab)} min) do not fit its {plan.minutes} minutes")
+    shares = [buffer * m // max(sum(lab), 1) for m in lab]
+    shares[-1] += buffer - sum(shares)
+    rows, start, i = [], 0, 0
+    for block in plan.blocks:
+        if isinstance(block, str):
+            name = names[block]
+            teaching, exercises = room[name]
+            what = f"{name}: {teaching} min teaching, {exercises} min exercises, {shares[i]} min of buffer"
+            rows.append((start, teaching + exercises + shares[i], what))
+            i += 1
+        else:
+            rows.append((start, *block))
+        start += rows[-1][1]
+    return rows
+
+
+def plan_sums(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[int, int, int]:
+    """(teaching, exercises, buffer) minutes of ``plan``: its notebooks' sums, and what the session leaves over."""
+    names = [next(n for n in room if n.startswith(p)) for p in plan.notebooks()]
+    teaching, exercises = sum(room[n][0] for n in names), sum(room[n][1] for n in names)
+    fixed = sum(b[0] for b in plan.blocks if not isinstance(b, str))
+    return teaching, exercises, plan.minutes - fixed - teaching - exercises
 
 
 def table(counts: list[Count]) -> str:
@@ -172,4 +328,34 @@ def table(counts: list[Count]) -> str:
         if nb.projector:
             rows.append(f"  (the sections on the projector, the instructor's and not in {nb.title}'s count: "
                         f"{nb.projector:.1f} min)")
+    return "\n".join(rows)
+
+
+def _stated(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def room_table(counts: list[Count]) -> str:
+    """A room's schedule: teaching and exercise minutes per notebook and section, stated against counted."""
+    rows = [f"A room's pace (tools/budget.py ROOM): teaching {ROOM.reading} x the count, {ROOM.projector} x on the "
+            f"projector, + the board; exercises {ROOM.exercise} x {MIN_PER_EXERCISE} min each",
+            f"{'':54} {'teaching':>8} {'count':>6} {'board':>5} {'exercises':>9} {'count':>6}"]
+    for nb in counts:
+        for c, indent in [(nb, "")] + [(p, "  ") for p in nb.parts]:
+            rows.append(f"{(indent + c.title)[:54]:54} {_stated(c.stated_room[0]):>8} {c.teaching:6.1f} "
+                        f"{c.board or '':>5} {_stated(c.stated_room[1]):>9} {c.practice:6.1f}")
+    return "\n".join(rows)
+
+
+def plans_table(counts: list[Count]) -> str:
+    """Each plan's sums (from the stated room minutes) and the buffer its session leaves."""
+    room = {c.title: (c.stated_room[0] or 0, c.stated_room[1] or 0) for c in counts}
+    rows = []
+    for plan in PLANS:
+        teaching, exercises, buffer = plan_sums(plan, room)
+        before = f"; {', '.join(p.rstrip('_') for p in plan.before)} before it, as pre-work" if plan.before else ""
+        rows.append(f"{plan.name} ({plan.minutes} min: {', '.join(p.rstrip('_') for p in plan.notebooks())}{before}): "
+                    f"{teaching} min teaching + {exercises} min exercises + "
+                    f"{plan.minutes - teaching - exercises - buffer} min of welcome, breaks and wrap-up; "
+                    f"{buffer} min of buffer")
     return "\n".join(rows)

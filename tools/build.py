@@ -17,7 +17,7 @@ spans (``### BEGIN SOLUTION``, nbgrader's markers) and a debugging lab's broken 
     python -m tools.build            # rewrite every generated file
     python -m tools.build --check    # exit 1 and name each stale file
     python -m tools.build --execute 02_distributed_sampler.ipynb   # re-run, store outputs
-    python -m tools.build --times    # each section's stated time against the count
+    python -m tools.build --times    # each section's stated time against the count; a room's schedule; the plans
 """
 
 from __future__ import annotations
@@ -143,10 +143,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--execute", nargs="*", metavar="NOTEBOOK",
                    help="first re-run these solution notebooks (in notebooks/) and store their outputs")
     p.add_argument("--times", action="store_true",
-                   help="print each notebook's and section's stated time against the count (tools/budget.py)")
+                   help="print each notebook's and section's stated time against the count, a room's teaching and "
+                        "exercise minutes, and the instructor's plans (tools/budget.py)")
+    p.add_argument("--restate", action="store_true",
+                   help="with --times: first write the counted room minutes into the notebooks' metadata")
     args = p.parse_args(argv)
     if args.times:
-        print(budget.table([budget.count(path) for path in source_notebooks()]))
+        for path in source_notebooks() if args.restate else ():
+            if budget.restate(path):
+                print(f"restated {path.relative_to(ROOT)}'s room minutes")
+        counts = [budget.count(path) for path in source_notebooks()]
+        print(budget.table(counts), budget.room_table(counts), budget.plans_table(counts), sep="\n\n")
         return
     for name in args.execute or ():
         path = NOTEBOOKS / Path(name).name

@@ -1,7 +1,7 @@
 """Run a script with the hang watch attached, as `python -m cProfile` runs one with the profiler.
 
     python -m workshop_lib.watch [--after SECONDS] [--record FILE] SCRIPT [ARGS...]
-    torchrun --nproc_per_node=2 -m workshop_lib.watch solutions/step3_ddp.py --epochs 2
+    torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch solutions/step3_ddp.py --epochs 2
 
 SCRIPT runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, unchanged: it
 holds no line of the watch. When a collective has waited SECONDS (default: the

@@ -6,8 +6,9 @@ writes one page per notebook of ``notebooks/`` into ``docs/episodes/`` (git-igno
 itself, with sphinx-lesson's boxes added around what is already there::
 
     first cell          what follows its time in an objectives box (what the learner will do), then a card: the time the
-                        notebook states, the exercise notebook to open in JupyterLab, what it produces;
-                        the questions (docs/episodes.yaml) and, for instructors, each section's stated time
+                        notebook states (alone) and a room's teaching and exercise minutes (its metadata), the exercise
+                        notebook to open in JupyterLab, what it produces; the questions (docs/episodes.yaml) and, for
+                        instructors, each section's stated times
     an exercise cell    an exercise box before it holding the cell's TODO hint; the solution cell is folded
     a debugging lab     (a ### BEGIN BROKEN block) a box saying the exercise holds the broken code; the fix is folded
     a raw cell          shown as Python (the script-only lines: module docstring, the __main__ guard)
@@ -49,6 +50,9 @@ class Episode:
     outcome: str = ""  # notebook metadata lab.outcome: what the learner has at the end
     scripts: list[str] = field(default_factory=list)  # the solutions/*.py its script: cells make
     projector: int = 0  # minutes its sections "On the projector" state: the instructor's, outside ``stated``
+    teaching: int | None = None  # a room's teaching minutes, as the notebook's metadata states (tools/budget.py)
+    practice: int | None = None  # a room's exercise minutes, likewise
+    room: list[tuple[str, int | None, int | None]] = field(default_factory=list)  # each section's (title, both)
 
     @property
     def name(self) -> str:
@@ -83,11 +87,17 @@ def describe(path: Path) -> Episode:
                       if tag.startswith("script:") and cell.cell_type == "raw" and cell.source.startswith('"""')})
     projector = sum(p.stated or 0 for p in count.parts if budget.on_the_projector(p.title))
     return Episode(path, title_text, count.stated, [(p.title, p.stated) for p in count.parts], count.exercises,
-                   lab.get("step", ""), lab.get("outcome", ""), scripts, projector)
+                   lab.get("step", ""), lab.get("outcome", ""), scripts, projector, *count.stated_room,
+                   [(p.title, *p.stated_room) for p in count.parts])
 
 
 def minutes(episodes: list[Episode]) -> int:
     return sum(e.stated or 0 for e in episodes)
+
+
+def room_minutes(episodes: list[Episode]) -> int:
+    """A room's minutes, teaching and exercises, as the notebooks' metadata states them."""
+    return sum((e.teaching or 0) + (e.practice or 0) for e in episodes)
 
 
 def hours(total: int) -> str:
@@ -96,6 +106,10 @@ def hours(total: int) -> str:
 
 
 # ---- the page --------------------------------------------------------------------------------------------------
+
+def _minutes(m: int | None) -> str:
+    return "not stated" if m is None else f"{m} min"
+
 
 def _markdown(source: str, cell_id: str):
     import nbformat
@@ -168,7 +182,8 @@ def _file(path: str) -> str:
 def card(ep: Episode, questions: list[str]) -> str:
     """The box under the title: time, where to work, what it produces; the questions; the sections' times."""
     time = f"about {ep.stated} minutes" if ep.stated else "not stated"
-    rows = [("Time", f"{time} (as the notebook states; {'core path' if ep.core else 'optional part'})"),
+    rows = [("Time", f"{time} alone (as the notebook states; {'core path' if ep.core else 'optional part'})"),
+            ("In a room", f"{_minutes(ep.teaching)} teaching, {_minutes(ep.practice)} exercises"),
             ("Exercise notebook", f"open {_file(ep.exercise_notebook)} in JupyterLab"),
             ("Worked version", f"this page: {_file('notebooks/' + ep.path.name)}, with its stored outputs")]
     if ep.outcome:
@@ -180,11 +195,13 @@ def card(ep: Episode, questions: list[str]) -> str:
                     "This episode")]
     if questions:
         parts.append(_fence("questions", "\n".join(f"- {q}" for q in questions)))
-    sections = "\n".join(f"| {title} | {'' if m is None else f'{m} min'} |" for title, m in ep.sections)
+    sections = "\n".join(f"| {title} | {'' if m is None else f'{m} min'} | {_minutes(t)} | {_minutes(x)} |"
+                          for (title, m), (_, t, x) in zip(ep.sections, ep.room, strict=True))
     parts.append(_fence("instructor-note",
-                        f"Each section's time, as its heading states ({ep.exercises} exercise(s); "
-                        f"see the [instructor guide](../instructor.md) for what to cut):\n\n"
-                        f"| section | time |\n|---|---|\n{sections}"))
+                        f"Each section's time alone, as its heading states, and in a room, as the notebook's metadata "
+                        f"states ({ep.exercises} exercise(s); see the [instructor guide](../instructor.md) for the "
+                        f"plans and what to cut):\n\n"
+                        f"| section | alone | teaching | exercises |\n|---|---|---|---|\n{sections}"))
     return "\n\n".join(parts)
 
 

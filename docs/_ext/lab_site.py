@@ -3,11 +3,14 @@
 It writes the episode pages from the notebooks before Sphinx reads anything (``episodes.py`` beside it),
 and gives the pages what must agree with the repository:
 
-* ``{lab-schedule}`` (options ``:part: core|optional|all``, ``:sections:``): the schedule, from the notebooks'
-  stated times;
-* ``{lab-plan}``: the core path in a three-hour session (start times, the break, the buffer), from the same times;
-* ``{lab-time}`core``` (or ``optional``, ``all``, a notebook's name): those minutes, as "2 h 10 min";
-* ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``).
+* ``{lab-schedule}`` (options ``:part: core|optional|all``, ``:sections:``): the schedule, a room's teaching and
+  exercise minutes (the notebooks' metadata) and the time alone (their first cells);
+* ``{lab-plan}`` (option ``:plan: 3h|day``): a plan of ``tools/budget.py``, a three-hour session or a full day
+  (start times, the breaks, the buffer), from the same room minutes;
+* ``{lab-time}`core``` (or ``optional``, ``all``, a notebook's name): a room's minutes, as "2 h 10 min";
+* ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``);
+* ``{verdict}`...```: a line the checker prints, quoted (shown as code; ``tests/integration/test_content.py``
+  holds every quote to a line ``workshop_lib`` can print, "..." where the line varies).
 
 Not installed with the package: it lives beside the pages it serves (``docs/_ext/``, Sphinx's convention).
 """
@@ -22,7 +25,7 @@ from typing import ClassVar
 
 import episodes  # docs/_ext/episodes.py (docs/conf.py puts this folder on sys.path)
 
-from tools import ROOT
+from tools import ROOT, budget
 
 QUESTIONS = "episodes.yaml"  # beside conf.py: the questions each episode answers, by notebook name
 _UNTIMED = re.compile(r"\s*\((?:about )?\d+ min[^)]*\)\s*$")  # a heading's stated time, shown in its own column
@@ -39,59 +42,46 @@ def _pick(eps: list[episodes.Episode], part: str) -> list[episodes.Episode]:
 
 
 def schedule(part: str = "all", sections: bool = False) -> str:
-    """The schedule as a MyST table: one row per notebook (and per section with ``sections``), a total."""
+    """The schedule as a MyST table: one row per notebook (and per section with ``sections``), a total.
+
+    A room's teaching and exercise minutes (the notebooks' metadata), then the time alone (their first cells)."""
     eps = _pick(episodes.episodes(), part)
-    rows = ["| episode | time | at the end you have |", "|---|---|---|"]
+    rows = ["| episode | teaching | exercises | alone | at the end you have |", "|---|---|---|---|---|"]
     for e in eps:
-        rows.append(f"| {{doc}}`{e.name} <{'/episodes/' + e.name}>`: {e.title} | {_time(e.stated)} | {e.outcome} |")
+        rows.append(f"| {{doc}}`{e.name} <{'/episodes/' + e.name}>`: {e.title} | {_room(e.teaching)} | "
+                    f"{_room(e.practice)} | {_time(e.stated)} | {e.outcome} |")
         if sections:
-            rows += [f"| &nbsp;&nbsp;&nbsp;&nbsp;{_UNTIMED.sub('', title)} | {'' if m is None else f'{m} min'} | |"
-                     for title, m in e.sections]
-    rows.append(f"| **total**: {len(eps)} notebook(s) | **{episodes.hours(episodes.minutes(eps))}** | |")
+            rows += [f"| &nbsp;&nbsp;&nbsp;&nbsp;{_UNTIMED.sub('', title)} | {_room(t)} | {_room(x)} | "
+                     f"{'' if m is None else f'{m} min'} | |"
+                     for (title, m), (_, t, x) in zip(e.sections, e.room, strict=True)]
+    teaching, practice = sum(e.teaching or 0 for e in eps), sum(e.practice or 0 for e in eps)
+    rows.append(f"| **total**: {len(eps)} notebook(s) | **{episodes.hours(teaching)}** | "
+                f"**{episodes.hours(practice)}** | **{episodes.hours(episodes.minutes(eps))}** | |")
     return "\n".join(rows)
 
 
-SESSION = 180  # minutes of the session the plan fills
-WELCOME, BREAK, WRAP_UP, BOARD = 15, 10, 15, 3  # minutes: set-up and intro, the break, check --all and recap, a talk
-BREAK_AFTER = "02_"  # the break comes after this notebook
+PLANS = {"3h": budget.THREE_HOURS, "day": budget.FULL_DAY}  # the {lab-plan} directive's :plan: option
 
 
-def plan(session: int = SESSION) -> list[tuple[int, int, str]]:
-    """The core path in a session of ``session`` minutes: (start, minutes, what), from the notebooks' stated times.
-
-    Each notebook gets a talk at the board, its stated time, its sections on the projector (the instructor's
-    demonstrations, outside the stated time), and a share of what is left over (the buffer for a room that is
-    slower than one newcomer), in proportion to its stated time."""
-    core = _pick(episodes.episodes(), "core")
-    stated = [e.stated or 0 for e in core]
-    buffer = (session - WELCOME - BREAK - WRAP_UP - sum(stated) - sum(e.projector for e in core)
-              - BOARD * len(core))
-    if buffer < 0:
-        raise ValueError(f"the core path ({sum(stated)} min stated) does not fit a {session}-minute session")
-    shares = [buffer * m // max(sum(stated), 1) for m in stated]
-    shares[-1] += buffer - sum(shares)
-    rows, start = [], 0
-
-    def add(minutes: int, what: str) -> None:
-        nonlocal start
-        rows.append((start, minutes, what))
-        start += minutes
-
-    add(WELCOME, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device")
-    for e, m, extra in zip(core, stated, shares, strict=True):
-        shown = f", {e.projector} min on the projector" if e.projector else ""
-        add(BOARD + m + e.projector + extra, f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`: {BOARD} min at the board, "
-            f"{m} min as the notebook states{shown}, {extra} min of buffer")
-        if e.name.startswith(BREAK_AFTER):
-            add(BREAK, "break")
-    add(WRAP_UP, "`python -m workshop_lib.check --all` around the room; the recap of 03; what the optional parts hold")
-    return rows
+def plan(which: budget.Plan = budget.THREE_HOURS) -> list[tuple[int, int, str]]:
+    """The plan's blocks, (start, minutes, what), from the room minutes the notebooks' metadata states."""
+    eps = episodes.episodes()
+    rows = budget.plan_rows(which, {e.name: (e.teaching or 0, e.practice or 0) for e in eps})
+    links = {e.name: f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`" for e in eps}
+    return [(start, minutes, re.sub(r"^(\w+):", lambda m: links.get(m.group(1), m.group(1)) + ":", what))
+            for start, minutes, what in rows]
 
 
-def plan_table(session: int = SESSION) -> str:
+def plan_table(which: budget.Plan = budget.THREE_HOURS) -> str:
+    hours, minutes = (int(x) for x in which.start.split(":"))
+
+    def clock(offset: int) -> str:
+        t = hours * 60 + minutes + offset
+        return f"{t // 60}:{t % 60:02d}"
+
     rows = ["| when | minutes | what |", "|---|---|---|"]
-    rows += [f"| {start // 60}:{start % 60:02d} | {minutes} | {what} |" for start, minutes, what in plan(session)]
-    rows.append(f"| {session // 60}:{session % 60:02d} | | end |")
+    rows += [f"| {clock(start)} | {m} | {what} |" for start, m, what in plan(which)]
+    rows.append(f"| {clock(which.minutes)} | | end |")
     return "\n".join(rows)
 
 
@@ -99,9 +89,13 @@ def _time(minutes: int | None) -> str:
     return "not stated" if minutes is None else f"~{minutes} min"
 
 
+def _room(minutes: int | None) -> str:
+    return "not stated" if minutes is None else f"{minutes} min"
+
+
 def readme_rows() -> str:
-    """The README's schedule rows, one per notebook: | `name` | title | ~N min | scripts |."""
-    return "\n".join(f"| `{e.name}` | {e.title} | {_time(e.stated)} | "
+    """The README's schedule rows, one per notebook: | `name` | title | teaching | exercises | ~alone | scripts |."""
+    return "\n".join(f"| `{e.name}` | {e.title} | {_room(e.teaching)} | {_room(e.practice)} | {_time(e.stated)} | "
                      f"{', '.join(f'`solutions/{s}.py`' for s in e.scripts) or 'exercises only'} |"
                      for e in episodes.episodes())
 
@@ -162,10 +156,12 @@ def setup(app):
             return self.parse_text_to_nodes(text)
 
     class Plan(SphinxDirective):
+        option_spec: ClassVar[dict] = {"plan": lambda arg: directives.choice(arg, tuple(PLANS))}
+
         def run(self):
             for ep in episodes.episodes():
                 self.env.note_dependency(str(ep.path))
-            return self.parse_text_to_nodes(plan_table())
+            return self.parse_text_to_nodes(plan_table(PLANS[self.options.get("plan", "3h")]))
 
     class StepDiff(SphinxDirective):
         option_spec: ClassVar[dict] = {"context": directives.nonnegative_int}
@@ -185,11 +181,15 @@ def setup(app):
         if not eps:
             msg = inliner.reporter.error(f"lab-time: no notebook matches {text!r}", line=lineno)
             return [inliner.problematic(rawtext, rawtext, msg)], [msg]
-        return [nodes.Text(episodes.hours(episodes.minutes(eps)))], []
+        return [nodes.Text(episodes.hours(episodes.room_minutes(eps)))], []
+
+    def verdict(name, rawtext, text, lineno, inliner, options=None, content=None):
+        return [nodes.literal(rawtext, " ".join(text.split()), classes=["verdict"])], []
 
     app.connect("config-inited", _write_episodes)
     app.add_directive("lab-schedule", Schedule)
     app.add_directive("step-diff", StepDiff)
     app.add_directive("lab-plan", Plan)
     app.add_role("lab-time", lab_time)
+    app.add_role("verdict", verdict)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -157,3 +157,136 @@ def test_stored_progress_bars_show_their_final_state():
     frozen = [f"{name} cell {cid}: {line.strip()}" for name, cid, text in _stored_outputs()
               for line in text.splitlines() if re.search(r"\|\s*0/\d+\s*\[", line)]
     assert not frozen, "progress bars stored before they moved (re-execute these notebooks):\n" + "\n".join(frozen)
+
+
+# ---- torchrun as it is typed: --standalone on one node ------------------------------------------------------------
+
+# A torchrun command: torchrun, its flags, and what it runs (a script, a module, a placeholder), to the end of the
+# code span, the table cell or the line. Several nodes (a rendezvous of their own, or a static one) keep their form.
+_TORCHRUN = re.compile(r"\btorchrun\s+(?P<rest>-[^`\n|]*)")
+_RUNS_SOMETHING = re.compile(r"--nproc[_-]per[_-]node|(?:^|\s)-m\s|\.py\b|\bPATH\b|\bSCRIPT\b")
+_SEVERAL_NODES = re.compile(r"--nnodes|--rdzv|--node[_-]rank|--master[_-]addr")
+
+
+def single_node_torchruns(text: str) -> list[tuple[int, str]]:
+    """(line number, command) of each single-node torchrun command in ``text``."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in _TORCHRUN.finditer(line):
+            rest = m.group("rest")
+            if _RUNS_SOMETHING.search(rest) and not _SEVERAL_NODES.search(rest):
+                found.append((number, "torchrun " + rest.strip()))
+    return found
+
+
+def _docstrings(path) -> str:
+    """The docstrings of a Python file (module, classes, functions), each at its own line numbers; blank elsewhere."""
+    import ast
+
+    source = path.read_text()
+    lines = [""] * len(source.splitlines())
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                for i in range(first.lineno - 1, first.end_lineno):
+                    lines[i] = source.splitlines()[i]
+    return "\n".join(lines)
+
+
+def _texts(area: str):
+    """(where, text) of each file of an area: "pages" (README.md, docs/**/*.md), "notebooks" (every cell's source),
+    "docstrings" (solutions/*.py and workshop_lib/**/*.py)."""
+    if area == "pages":
+        for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+            if "_build" not in path.parts and "episodes" not in path.parts:
+                yield str(path.relative_to(REPO)), path.read_text()
+    elif area == "notebooks":
+        for path in sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb")):
+            for c in notebook(path.name).cells:
+                yield f"notebooks/{path.name} cell {c.get('id')}", c.source
+    else:
+        for path in [*sorted((REPO / "solutions").glob("*.py")), *sorted((REPO / "workshop_lib").rglob("*.py"))]:
+            yield str(path.relative_to(REPO)), _docstrings(path)
+
+
+@pytest.mark.parametrize("area", ["pages", "notebooks", "docstrings"])
+def test_every_single_node_torchrun_typed_says_standalone(area):
+    """Without --standalone, torchrun's static rendezvous takes port 29500: two jobs on one shared node collide."""
+    lacking = [f"{where}:{number}: {command}" for where, text in _texts(area)
+               for number, command in single_node_torchruns(text) if "--standalone" not in command]
+    assert not lacking, (f"{len(lacking)} single-node torchrun line(s) of the {area} lack --standalone:\n"
+                         + "\n".join(lacking))
+
+
+def test_the_torchrun_finder_tells_one_node_from_several():
+    text = ("`torchrun --nproc_per_node=2 solutions/step3_ddp.py`\n"
+            "| `torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch SCRIPT` | the watch |\n"
+            "torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:29400 x.py\n"
+            "torchrun's flags; `torchrun --max-restarts=K` restarts every rank\n"
+            "!cd {root} && torchrun --nproc-per-node=gpu -m workshop_lib.watch a.py --limit 1000")
+    assert single_node_torchruns(text) == [
+        (1, "torchrun --nproc_per_node=2 solutions/step3_ddp.py"),
+        (2, "torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch SCRIPT"),
+        (5, "torchrun --nproc-per-node=gpu -m workshop_lib.watch a.py --limit 1000")]
+
+
+# ---- the checker's verdicts the pages quote -----------------------------------------------------------------------
+
+# A page quotes a line the checker (or any part of workshop_lib) prints as {verdict}`...` (docs/_ext/lab_site.py
+# renders it as code). "..." stands where the line holds a name, a value or a clause that varies.
+_VERDICT = re.compile(r"\{verdict\}`([^`]+)`")
+_ELLIPSIS = re.compile(r"\.\.\.|…")
+_VALUE = re.compile(r"\S*\d\S*")  # a word with a digit: a value the checker fills in
+DISTINCTIVE = 15  # characters: a fragment of a quote at least this long must be printed as written
+
+
+@cache
+def printable() -> tuple[str, ...]:
+    """The literal text of every string workshop_lib's code holds (an f-string's constant parts, each on its own),
+    docstrings left out: what it can print, where the placeholders' values fall between the parts."""
+    import ast
+
+    parts = []
+    for path in sorted((REPO / "workshop_lib").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and n.body and isinstance(n.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                parts.append(node.value)
+    return tuple(parts)
+
+
+def fragments(quote: str) -> list[str]:
+    """The runs of a quote that hold no value: split at "..." and at every word with a digit (rank 2, line 57)."""
+    runs = [run.strip() for piece in _ELLIPSIS.split(" ".join(quote.split())) for run in _VALUE.split(piece)]
+    return [r for r in runs if len(r) >= DISTINCTIVE]
+
+
+def unprintable(quote: str) -> list[str]:
+    """The fragments of ``quote`` that no string of workshop_lib holds as written."""
+    return [f for f in fragments(quote) if not any(f in part for part in printable())]
+
+
+def quoted_verdicts() -> list[tuple[str, str]]:
+    return [(f"{where}:{text[:m.start()].count(chr(10)) + 1}", m.group(1)) for where, text in _texts("pages")
+            for m in _VERDICT.finditer(text)]
+
+
+@pytest.mark.parametrize(("where", "quote"), quoted_verdicts(), ids=[w for w, _ in quoted_verdicts()])
+def test_every_verdict_a_page_quotes_is_one_the_checker_can_print(where, quote):
+    assert fragments(quote), f"{where}: the quote {quote!r} has no fragment of {DISTINCTIVE}+ characters to look for"
+    missing = unprintable(quote)
+    assert not missing, (f"{where} quotes {{verdict}}`{quote}`, but workshop_lib prints none of {missing}: the "
+                         "checker's line changed; quote it as it is now (or \"...\" where it varies), or restore it")
+
+
+def test_the_verdict_finder_finds_the_quotes_and_a_stale_one_fails():
+    assert len(quoted_verdicts()) >= 8
+    assert fragments("rank 2 (local rank 0) got the same indices as rank 0: pass the global rank, rank=env.rank") \
+        == ["got the same indices as rank", "pass the global rank, rank=env.rank"]
+    assert unprintable("rank 2 (local rank 0) got the same indices as rank 0: pass the global rank, rank=env.rank")
+    assert not unprintable("rank 1 evaluated too ...: every rank scored the same model on the dev set, N times the "
+                           "work; evaluate on global rank 0 only (dist.get_rank() == 0)")

@@ -182,7 +182,7 @@ def test_a_step_script_under_plain_python_says_it_needs_torchrun(tmp_path):
     """Steps 1-4 join through env://, which reads torchrun's variables: plain python gets one line, how to start it."""
     proc = run_python([STEP3, "--limit", "200", "--out", tmp_path / "out"], timeout=50)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [f"start it with torchrun, for example: torchrun --nproc_per_node=2 "
+    assert proc.stderr.strip().splitlines() == [f"start it with torchrun: torchrun --standalone --nproc_per_node=2 "
                                                 f"{os.path.relpath(STEP3, REPO)}"], proc.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 

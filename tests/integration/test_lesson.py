@@ -173,7 +173,7 @@ def test_nothing_runs_at_import_and_a_failure_reaches_torchruns_summary(step):
     guard = "if __name__ == '__main__':\n    main()"
     if not step.startswith("step0"):  # plain python: one line, how to start it (torchrun sets RANK)
         guard = ("if __name__ == '__main__':\n    if 'RANK' not in os.environ:\n        raise SystemExit(f'start it with "
-                 "torchrun, for example: torchrun --nproc_per_node=2 {os.path.relpath(__file__)}')\n    main()")
+                 "torchrun: torchrun --standalone --nproc_per_node=2 {os.path.relpath(__file__)}')\n    main()")
     assert ast.unparse(module.body[-1]) == guard
     assert "from torch.distributed.elastic.multiprocessing.errors import record" in ast.unparse(module) \
         or step.startswith("step0")

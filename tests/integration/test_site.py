@@ -113,3 +113,23 @@ def test_the_home_page_and_an_episode_open_in_a_browser_with_their_figures(site)
             print(f"{with_figures.name}: {len(loaded)} figure(s) loaded")
         finally:
             browser.close()
+
+
+@pytest.mark.timeout(200)
+def test_the_instructor_guide_shows_both_plans_and_each_episode_its_room_minutes(site):
+    from tools import budget
+
+    html = (site / "instructor.html").read_text()
+    room = {e.name: (e.teaching, e.practice) for e in episodes.episodes()}
+    for plan in budget.PLANS:
+        for _, minutes, what in budget.plan_rows(plan, room):
+            shown = re.search(r"\d+ min teaching, \d+ min exercises, \d+ min of buffer", what)
+            row = shown.group(0) if shown else f"<td><p>{minutes}</p></td>"
+            assert row in html, f"the instructor guide's {plan.name} lacks the row {what!r}"
+    assert "17:30" in html and "3:00" in html, "the instructor guide does not end both plans at their hour"
+    assert html.count('class="verdict ') >= 8, \
+        "the instructor guide shows no quoted verdicts ({verdict} role)"
+    for e in episodes.episodes():
+        page = (site / "episodes" / f"{e.name}.html").read_text()
+        assert f"{e.teaching} min teaching, {e.practice} min exercises" in page, \
+            f"{e.name}'s page does not show a room's minutes ({e.teaching} teaching, {e.practice} exercises)"

@@ -1,8 +1,10 @@
-"""Every stated time agrees with the count (tools/budget.py), the core path fits a 3-hour lab, the README agrees.
+"""Every stated time agrees with the count (tools/budget.py); a room's pace is calibrated; the plans fit their sessions.
 
-The count: markdown words/150 + code lines/15 + 8 min per exercise + reading + the cells' measured run time. A
-stated time may be off by a third of the count (after rounding to whole minutes), no more; a section states
-1 min at least.
+Two times per notebook and section. Alone: the count, markdown words/150 + code lines/15 + 8 min per exercise +
+reading + figures + commands + the cells' measured run time, as the headings and first cells state it. In a room:
+teaching and exercise minutes at ``budget.ROOM``'s pace, as the notebooks' metadata states them. A stated time may
+be off by a third of its count (after rounding to whole minutes), no more; a section states 1 min at least (of
+teaching, in a room).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import pytest
 from tools import ROOT, budget, build
 from tools.site import lab_site
 
-CORE = ("00_", "01_", "02_", "03_")  # the 3-hour lab: about 2 hours of work, an hour for set-up, talk, a break
+CORE = ("00_", "01_", "02_", "03_")
 
 
 def counts() -> list[budget.Count]:
     return [budget.count(path) for path in build.source_notebooks()]
+
+
+def room() -> dict[str, tuple[int, int]]:
+    """Each notebook's (teaching, exercises) minutes, as its metadata states them."""
+    return {c.title: (c.stated_room[0] or 0, c.stated_room[1] or 0) for c in counts()}
 
 
 @pytest.mark.parametrize("path", build.source_notebooks(), ids=lambda p: p.name)
@@ -28,25 +35,109 @@ def test_each_notebook_and_section_states_the_time_it_counts(path):
     assert not wrong, f"{path.name}: " + "; ".join(wrong) + " (python -m tools.build --times)"
 
 
-def test_the_core_path_fits_the_lab():
+@pytest.mark.parametrize("path", build.source_notebooks(), ids=lambda p: p.name)
+def test_each_notebook_and_section_states_a_rooms_teaching_and_exercise_minutes_as_counted(path):
+    c = budget.count(path)
+    wrong = c.room_off() + [why for part in c.parts for why in part.room_off()]
+    assert not wrong, (f"{path.name}: " + "; ".join(wrong) + " (python -m tools.build --times; "
+                       "--times --restate writes the counted minutes into the metadata)")
+
+
+# 00 to 03 as rooms took them (issue 41: a room of 20 PyTorch users, at its slower quarter), counted at 7d280d4:
+# (words, code lines, exercises, run s, figures, commands) of what the room works through, the same of the sections
+# on the projector, the minutes at the board the metadata states, and the minutes the room took.
+OBSERVED = {
+    "00_baseline": ((313, 60, 0, 4.7, 0, 0), (0, 0, 0, 0.0, 0, 0), 3, (12, 15)),
+    "01_process_group": ((575, 94, 4, 12.3, 2, 1), (58, 1, 0, 2.3, 0, 0), 8, (60, 70)),
+    "02_distributed_sampler": ((390, 79, 3, 8.7, 1, 0), (0, 0, 0, 0.0, 0, 0), 4, (40, 45)),
+    "03_ddp": ((539, 55, 2, 7.8, 0, 1), (226, 16, 0, 17.9, 2, 0), 8, (40, 45)),
+}
+
+
+def _counted(fields: tuple) -> budget.Count:
+    words, code, exercises, run_s, figures, commands = fields
+    return budget.Count("", words=words, code_lines=code, exercises=exercises, run_s=run_s, figures=figures,
+                        commands=commands)
+
+
+@pytest.mark.parametrize("name", OBSERVED)
+def test_a_rooms_pace_gives_what_rooms_took(name):
+    learners, shown, board, (low, high) = OBSERVED[name]
+    teaching, exercises = budget.room_minutes(_counted(learners))
+    teaching += budget.room_minutes(_counted(shown), budget.ROOM.projector)[0] + board
+    assert low <= round(teaching + exercises) <= high, (
+        f"{name}: budget.ROOM gives {teaching + exercises:.1f} min where rooms took {low}-{high}")
+
+
+def test_the_pace_is_not_one_newcomers():
+    """The count alone (one newcomer) falls short of what rooms took: the pace is not a factor of 1."""
+    learners, _, _, (low, _) = OBSERVED["01_process_group"]
+    assert _counted(learners).minutes < low - 10 and budget.ROOM.reading > 1
+
+
+def test_the_core_path_keeps_its_exercises():
     core = [c for c in counts() if c.title.startswith(CORE)]
     assert [c.title[:3] for c in core] == list(CORE)
-    minutes = sum(c.minutes for c in core)
     distributed = sum(c.exercises for c in core if not c.title.startswith("00"))  # 00 is a tour of the baseline
-    assert minutes <= 110, f"00 to 03 count {minutes:.0f} min, more than the 110 a 3-hour session leaves for the lab"
     assert distributed >= 9, f"01 to 03 hold {distributed} exercises that write distributed lines, fewer than 9"
+
+
+def test_the_plans_are_a_three_hour_session_and_a_full_day():
+    three, day = budget.THREE_HOURS, budget.FULL_DAY
+    assert (three.minutes, three.notebooks(), three.before) == (180, ["01_", "02_", "03_"], ("00_",))
+    assert day.notebooks() == ["00_", "01_", "02_", "03_", "04a_", "05_"] and 7 * 60 <= day.minutes <= 9 * 60
+    assert any("lunch" in b[1] for b in day.blocks if isinstance(b, tuple))
+
+
+@pytest.mark.parametrize("plan", budget.PLANS, ids=lambda p: p.name)
+def test_each_plan_fits_its_session_with_ten_minutes_of_buffer(plan):
+    rows = budget.plan_rows(plan, room())
+    assert sum(m for _, m, _ in rows) == plan.minutes and rows[0][0] == 0
+    teaching, exercises, buffer = budget.plan_sums(plan, room())
+    assert buffer >= 10, (f"the {plan.name} holds {teaching} min teaching and {exercises} min exercises and keeps "
+                          f"{buffer} min of buffer, fewer than 10: cut a section or lengthen the session")
+    shared = sum(int(m) for _, _, what in rows for m in re.findall(r"(\d+) min of buffer", what))
+    assert shared == buffer
+
+
+def test_a_plan_that_does_not_fit_is_refused():
+    with pytest.raises(ValueError, match="do not fit"):
+        budget.plan_rows(budget.Plan("hour", 60, ("01_", "02_")), room())
+
+
+def test_build_times_prints_each_notebooks_room_minutes_and_both_plans(capsys):
+    build.main(["--times"])
+    out = capsys.readouterr().out
+    for c in counts():
+        assert re.search(rf"^{re.escape(c.title)} +{c.stated_room[0]} +[\d.]+ +{c.stated_room[1]} +[\d.]+$", out,
+                         re.M), f"--times prints no room row for {c.title}"
+    for plan in budget.PLANS:
+        teaching, exercises, buffer = budget.plan_sums(plan, room())
+        assert (f"{plan.name} ({plan.minutes} min" in out and f"{teaching} min teaching + {exercises} min exercises"
+                in out and f"{buffer} min of buffer" in out), f"--times does not print the {plan.name}'s sums"
+
+
+def test_the_instructors_plans_are_the_budgets():
+    for which in budget.PLANS:
+        rows = lab_site.plan(which)
+        assert [m for _, m, _ in rows] == [m for _, m, _ in budget.plan_rows(which, room())]
 
 
 def test_the_readme_schedule_states_what_the_notebooks_state():
     readme = (ROOT / "README.md").read_text()
     for c in counts():
-        row = re.search(rf"^\| `{re.escape(c.title)}` \|.*\| ~(\d+) min \|", readme, re.M)
-        assert row, f"README.md's schedule has no row for {c.title} ending in '| ~N min |'"
-        assert int(row.group(1)) == c.stated, f"README.md says {c.title} takes ~{row.group(1)} min; it says {c.stated}"
+        row = re.search(rf"^\| `{re.escape(c.title)}` \|.*\| (\d+) min \| (\d+) min \| ~(\d+) min \|", readme, re.M)
+        assert row, f"README.md's schedule has no row for {c.title} ending in '| T min | X min | ~N min |'"
+        said = tuple(int(g) for g in row.groups())
+        assert said == (*c.stated_room, c.stated), f"README.md says {c.title} takes {said}; it says " \
+                                                   f"{(*c.stated_room, c.stated)} (teaching, exercises, alone)"
 
 
-def test_the_instructors_plan_keeps_ten_minutes_of_buffer():
-    """3 hours: the welcome, the break, the wrap-up, a talk per notebook, the stated times, the projector's minutes."""
-    rows = lab_site.plan()
-    buffer = sum(int(m) for _, _, what in rows for m in re.findall(r"(\d+) min of buffer", what))
-    assert buffer >= 10, f"the 3-hour plan keeps {buffer} min of buffer, fewer than 10: {rows}"
+def test_the_readme_states_the_plans_sums():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    teaching, exercises, buffer = budget.plan_sums(budget.THREE_HOURS, room())
+    assert (f"01 to 03: {teaching} min teaching, {exercises} min exercises, "
+            f"{180 - teaching - exercises - buffer} min of welcome, a break and wrap-up, {buffer} min of buffer"
+            in readme), "README.md's sentence on the three-hour session no longer states budget.plan_sums"
+    assert f"({budget.plan_sums(budget.FULL_DAY, room())[2]} min of buffer)" in readme, \
+        "README.md's sentence on the full day no longer states its buffer"

@@ -7,7 +7,7 @@ import itertools
 import nbformat
 import pytest
 
-from tools import site
+from tools import budget, site
 from tools.site import episodes, lab_site
 
 EXERCISE = '''def make_sampler(dataset, env):
@@ -90,12 +90,18 @@ def test_pages_of_notebooks_that_are_gone_are_removed(tmp_path, monkeypatch):
 def test_the_schedule_and_the_readme_rows_come_from_the_notebooks(tmp_path, monkeypatch):
     source = tiny_notebook(tmp_path)
     monkeypatch.setattr(episodes.build, "source_notebooks", lambda: [source])
-    table = lab_site.schedule("all")
-    assert "| {doc}`07_tiny </episodes/07_tiny>`: A tiny lab | ~9 min | a sampler |" in table
-    assert table.endswith("| **total**: 1 notebook(s) | **9 min** | |")
-    assert lab_site.schedule("core").splitlines()[-1] == "| **total**: 0 notebook(s) | **0 min** | |"
-    assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | 5 min | |" in lab_site.schedule("all", sections=True)
-    assert lab_site.readme_rows() == "| `07_tiny` | A tiny lab | ~9 min | `solutions/step7_tiny.py` |"
+    table = lab_site.schedule("all")  # no room minutes in its metadata: said so, not made up
+    assert "| {doc}`07_tiny </episodes/07_tiny>`: A tiny lab | not stated | not stated | ~9 min | a sampler |" in table
+    assert table.endswith("| **total**: 1 notebook(s) | **0 min** | **0 min** | **9 min** | |")
+    assert lab_site.schedule("core").splitlines()[-1] == "| **total**: 0 notebook(s) | **0 min** | **0 min** | **0 min** | |"
+    assert "| &nbsp;&nbsp;&nbsp;&nbsp;1. Sharding | not stated | not stated | 5 min | |" in lab_site.schedule(
+        "all", sections=True)
+    assert lab_site.readme_rows() == ("| `07_tiny` | A tiny lab | not stated | not stated | ~9 min | "
+                                      "`solutions/step7_tiny.py` |")
+    nb = nbformat.read(source, as_version=4)
+    nb.metadata["lab"].update(teaching=6, exercises=8)  # the room's minutes, as tools.build --times --restate writes
+    nbformat.write(nb, source)
+    assert lab_site.readme_rows().startswith("| `07_tiny` | A tiny lab | 6 min | 8 min | ~9 min |")
     assert episodes.hours(130) == "2 h 10 min"
 
 
@@ -129,15 +135,21 @@ def test_the_plan_fills_the_session_with_the_stated_times_a_break_and_a_buffer(t
     for name in ("00_a", "01_b", "02_c", "03_d"):
         (tmp_path / name).mkdir()
         path = tiny_notebook(tmp_path / name)
+        nb = nbformat.read(path, as_version=4)
+        nb.metadata["lab"].update(teaching=10, exercises=8)
+        nbformat.write(nb, path)
         sources.append(path.rename(path.with_name(f"{name}.ipynb")))
     monkeypatch.setattr(episodes.build, "source_notebooks", lambda: sources)
-    rows = lab_site.plan(180)
+    session = budget.Plan("test session", 180, ((15, "welcome"), "00_", "01_", (10, "break"), "02_", "03_",
+                                                (15, "wrap-up")))
+    rows = lab_site.plan(session)
     assert sum(m for _, m, _ in rows) == 180 and rows[0][0] == 0
     assert all(start + m == after for (start, m, _), (after, _, _) in itertools.pairwise(rows))  # no gap, no overlap
     names = [what for _, _, what in rows]
-    assert names.index("break") == 4 and "02_c" in names[3]  # the break after 02
-    # 4 notebooks of 9 min: 180 - 15 - 10 - 15 - 4 x (9 + 3) = 92 min of buffer, shared out evenly
+    assert names.index("break") == 3 and "01_b" in names[2]  # the break after 01
+    # 4 notebooks of 10 + 8 min: 180 - 15 - 10 - 15 - 4 x 18 = 68 min of buffer, shared out evenly
     assert [m for _, m, what in rows if "episodes" in what] == [35, 35, 35, 35]
-    assert lab_site.plan_table(180).splitlines()[-1] == "| 3:00 | | end |"
-    with pytest.raises(ValueError, match="does not fit"):
-        lab_site.plan(60)
+    assert budget.plan_sums(session, {n: (10, 8) for n in ("00_a", "01_b", "02_c", "03_d")}) == (40, 32, 68)
+    assert lab_site.plan_table(session).splitlines()[-1] == "| 3:00 | | end |"
+    with pytest.raises(ValueError, match="do not fit"):
+        lab_site.plan(budget.Plan("too short", 60, ("00_", "01_", "02_", "03_", (10, "break"))))

@@ -16,6 +16,7 @@ from tests.conftest import REPO, cpu_env
 from workshop_lib.debug import hangreport, hangwatch, rankwatch
 from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
+from workshop_lib.lab.launch import torchrun_argv
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
 
@@ -164,9 +165,7 @@ def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_pri
 
 def watched(mode: str, timeout: float, after: float | None, **env: str) -> subprocess.CompletedProcess:
     """hang_worker.py MODE on 2 ranks, as a learner would attach the watch: torchrun ... -m workshop_lib.watch."""
-    watch = ["-m", "workshop_lib.watch", *(["--after", str(after)] if after else [])]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *watch, str(WORKER),
-           mode, str(timeout)]
+    cmd = torchrun_argv(WORKER, 2, watch=["--after", after] if after else True, args=[mode, timeout])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=cpu_env(**env))
 
 

@@ -106,6 +106,30 @@ def test_install_in_a_world_of_one_changes_nothing():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize(("given", "threshold"), [({"timeout": timedelta(seconds=40)}, 10.0), ({}, 450.0)])
+def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_group(monkeypatch, given, threshold):
+    """attach (before the script) sees init_process_group's timeout; none given: torch's default for gloo, 30 min."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun tells rank 0 of 2; the group below is a world of one
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(hangwatch.AFTER_VARIABLE, raising=False)
+    original = dist.init_process_group
+    watch = hangwatch.attach(poll=0.01)
+    try:
+        assert dist.init_process_group is not original  # observed, call-through
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, **given)
+        watch.join()
+        assert (watch.group_timeout, watch.threshold) == (given.get("timeout"), threshold)
+    finally:
+        hangwatch.detach()
+        dist.destroy_process_group()
+    assert dist.init_process_group is original and dist.all_reduce.__module__.startswith("torch")
+
+
+def test_a_watch_that_did_not_see_the_group_made_takes_torchs_default_for_its_backend():
+    assert rankwatch.default_threshold(timedelta(seconds=8)) == 5.0  # never below 5 s
+    assert rankwatch.default_threshold() == dist.default_pg_timeout.total_seconds() / 4 == 450.0  # no group: gloo's
+
+
 def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     """Under DDP each backward() all-reduces the gradients: the record counts them, for the ranks' sequences."""
     watch = hangwatch.Watch(threshold=60, poll=60, record=None, store=dist.HashStore())

@@ -80,8 +80,10 @@ def machine() -> dict:
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
 
 
-def torchrun(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+def torchrun(nproc: int, script: Path, *args: object) -> list[str]:
+    from workshop_lib.lab.launch import torchrun_argv
+
+    return torchrun_argv(script, nproc, args=args)
 
 
 def plan(args: argparse.Namespace, info: dict) -> list[Job]:
@@ -100,7 +102,7 @@ def plan(args: argparse.Namespace, info: dict) -> list[Job]:
                                 threads=None, repeats=1 if args.quick else orig_runs, global_batch=256))
             nproc = info["gpus"] or 2
             jobs.append(Job("recipe", "workshop", label,
-                            [*torchrun(nproc), str(RANK_RSS), "{rss}", str(STEP3), "--data", str(path), *quick],
+                            torchrun(nproc, RANK_RSS, "{rss}", STEP3, "--data", path, *quick),
                             threads=None, repeats=1 if args.quick else args.repeats, procs=nproc,
                             global_batch=d.batch_size * nproc, device="cuda" if info["gpus"] else "cpu"))
     if "scaling" in args.parts:
@@ -126,18 +128,18 @@ def scaling_jobs(g: int, common: list[str], reps: int, info: dict) -> list[Job]:
     if info["gpus"]:  # K processes x 1 GPU each, nccl
         for k in [k for k in range(1, info["gpus"] + 1) if g % k == 0]:
             jobs.append(Job("scaling", f"{k}x1 GPU", "B3DB (shipped)",
-                            [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k)],
+                            torchrun(k, STEP3, *common, "--batch-size", g // k),
                             threads=None, repeats=reps, procs=k, global_batch=g, device="cuda"))
         return jobs
     cores = info["cpu_cores"] or 1
     counts = sorted(c for c in {1, 2, cores} | {2**i for i in range(1, 8)} if c <= cores)
     for t in counts:
         jobs.append(Job("scaling", f"1x{t}", "B3DB (shipped)",
-                        [*torchrun(1), str(STEP3), *common, "--batch-size", str(g)],
+                        torchrun(1, STEP3, *common, "--batch-size", g),
                         threads=t, repeats=reps, procs=1, global_batch=g))
     for k in [k for k in counts if k > 1 and g % k == 0]:
         jobs.append(Job("scaling", f"{k}x1", "B3DB (shipped)",
-                        [*torchrun(k), str(STEP3), *common, "--batch-size", str(g // k)],
+                        torchrun(k, STEP3, *common, "--batch-size", g // k),
                         threads=1, repeats=reps, procs=k, global_batch=g))
     return jobs
 

@@ -52,10 +52,11 @@ def run(nprocs: int, lr: float, seed: int, flags: list[str], timeout: float) -> 
         from benchmarks.bench import child_env
     except ImportError:  # run as a script: benchmarks/ itself is on sys.path
         from bench import child_env
+    from workshop_lib.lab.launch import torchrun_argv
 
     with tempfile.TemporaryDirectory(prefix="lr-scaling-") as out:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nprocs}",
-               str(STEP3), "--lr", repr(lr), "--seed", str(seed), "--out", out, "--no-tensorboard", *flags]
+        cmd = torchrun_argv(STEP3, nprocs, args=["--lr", repr(lr), "--seed", seed, "--out", out, "--no-tensorboard",
+                                                 *flags])
         env = child_env(1, "cpu")  # bench.py's: no launch variables of a surrounding job, one thread per rank, gloo
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from workshop_lib.lab.launch import torchrun_argv
+
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
 SHIPPED = REPO / "dataset" / "b3db_classification.csv"  # package data (workshop_lib.dataset, installed)
@@ -73,11 +75,10 @@ def run_python(args: list[str], timeout: float = 120, **env: str) -> subprocess.
                           timeout=timeout, cwd=REPO, env=cpu_env(**env))
 
 
-def run_torchrun(script: str | Path, args: list[str], nproc: int = 2, timeout: float = 180,
-                 launcher_args: tuple[str, ...] = ("--standalone",), **env: str) -> subprocess.CompletedProcess:
-    """torchrun on this machine; a hang becomes a TimeoutExpired, not a stuck CI."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher_args, f"--nproc_per_node={nproc}",
-           str(script), *map(str, args)]
+def run_torchrun(script: str | Path, args: list[str], nproc: int = 2, timeout: float = 180, flags: tuple = (),
+                 **env: str) -> subprocess.CompletedProcess:
+    """torchrun --standalone on this machine (``flags``: torchrun's own, more); a hang becomes a TimeoutExpired."""
+    cmd = torchrun_argv(script, nproc, flags=flags, args=args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=cpu_env(**env))
 
 

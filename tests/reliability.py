@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -26,12 +27,12 @@ from filelock import FileLock
 
 from tests.conftest import REPO, SOLUTIONS, cpu_env
 from workshop_lib.debug.stacks import pyspy_exe
+from workshop_lib.lab.launch import torchrun_argv
 
 STEP3 = SOLUTIONS / "step3_ddp.py"
 STEP4 = SOLUTIONS / "step4_snapshots.py"  # step 3 with snapshots: the script that survives restarts
 # Small and quick, but several optimizer steps per epoch so a kill can land inside one.
 RUN = ["--limit", "600", "--epochs", "4", "--batch-size", "8", "--no-tensorboard"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # In torchrun's environment whenever it may restart the group (--max-restarts): torch 2.13's agent otherwise
 # shares its TCP store with the workers, and a restarted round can find the dead round's keys
 # (docs/reference/restarts.md; tests/integration/test_restarts.py).
@@ -140,10 +141,16 @@ def stop(launch: Launch, grace: float = 5.0) -> None:
 def torchrun(args: list, nproc: int = 2, port: int | None = None, launcher: tuple = (), **env: str) -> Launch:
     """torchrun on this machine: --standalone (its store binds a free port itself), or the static rendezvous on ``port``.
 
+    ``args``: torchrun's own flags (``--max-restarts=1``), then the script (or ``-m`` and a module) and its arguments.
     ``env``: more variables for torchrun's environment (``**RESTARTS`` with ``--max-restarts``).
     """
-    where = [f"--master-port={port}"] if port else ["--standalone"]
-    return Launch([*TORCHRUN, f"--nproc_per_node={nproc}", *where, *launcher, *args], env=cpu_env(**env))
+    flags = list(itertools.takewhile(lambda a: str(a).startswith("--"), args))
+    target = args[len(flags):]
+    module = bool(target) and target[0] == "-m"
+    script, *rest = target[module:]
+    where = [f"--master-port={port}"] if port else []
+    return Launch(torchrun_argv(script, nproc, standalone=not port, flags=[*where, *launcher, *flags], module=module,
+                                args=rest), env=cpu_env(**env))
 
 
 def same_results(a: dict, b: dict) -> None:

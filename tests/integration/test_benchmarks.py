@@ -116,8 +116,8 @@ def test_a_cpu_job_hides_the_gpus_and_a_gpu_job_does_not(monkeypatch):
 def test_rank_rss_records_every_rank_of_a_real_torchrun(tmp_path):
     """The runpy wrapper records each rank's peak memory when the step script ends."""
     rss = tmp_path / "rss"
-    cmd = [*bench.torchrun(2), str(bench.RANK_RSS), str(rss), str(bench.STEP3), "--limit", "120", "--epochs", "1",
-           "--no-tensorboard", "--out", str(tmp_path / "out")]
+    cmd = bench.torchrun(2, bench.RANK_RSS, rss, bench.STEP3, "--limit", "120", "--epochs", "1", "--no-tensorboard",
+                         "--out", tmp_path / "out")
     proc = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = bench.collect(tmp_path / "out", rss)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ import torch
 from tests.conftest import LAUNCH_VARS, REPO, SOLUTIONS
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
+from workshop_lib.lab.launch import torchrun_argv
 from workshop_lib.model import SmilesLSTM
 
 pytestmark = pytest.mark.gpu  # conftest skips these with a reason when no CUDA GPU is visible
@@ -36,8 +36,7 @@ def gpu_env(**extra: str) -> dict[str, str]:
 
 def torchrun(script: str, out, *args: str, nproc: int = RANKS, timeout: float = 300,
              **env: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(SOLUTIONS / script), *QUICK, "--out", str(out), *args]
+    cmd = torchrun_argv(SOLUTIONS / script, nproc, args=[*QUICK, "--out", out, *args])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=gpu_env(**env))
 
 

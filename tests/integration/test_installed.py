@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHIPPED, SOLUTIONS, copy_package_source, cpu_env
+from workshop_lib.lab.launch import torchrun_argv
 
 
 def _site_packages(python: Path) -> Path:
@@ -65,9 +66,8 @@ def test_pip_install_then_step3_from_another_folder_trains_on_the_shipped_datase
     assert data.resolve() == (site_packages / "workshop_lib" / "dataset" / SHIPPED.name).resolve(), data
     assert data.read_bytes() == SHIPPED.read_bytes()
 
-    run = subprocess.run([str(python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          "step3_ddp.py", "--limit", "300", "--epochs", "1", "--no-tensorboard"],
-                         capture_output=True, text=True, timeout=240, env=env, cwd=elsewhere)
+    run = subprocess.run(torchrun_argv("step3_ddp.py", 2, args=["--limit", "300", "--epochs", "1", "--no-tensorboard"],
+                                       python=python), capture_output=True, text=True, timeout=240, env=env, cwd=elsewhere)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "data: workshop_lib/dataset/b3db_classification.csv" in run.stdout  # the package's copy
     metrics = json.loads((elsewhere / "runs" / "latest" / "metrics.json").read_text())  # under the current folder

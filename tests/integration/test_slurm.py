@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import REPO, cpu_env
 from tests.reliability import RUN, environ_of, reference_metrics, same_results
-from workshop_lib.lab.launch import free_port
+from workshop_lib.lab.launch import free_port, torchrun_argv
 
 SBATCH = REPO / "slurm" / "ddp.sbatch"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -232,9 +232,10 @@ def test_the_script_hands_srun_one_torchrun_per_node_with_the_restart_workaround
     lines = p.stdout.splitlines()
     assert lines[0] == "job 12345: 2 node(s) x 1 process(es), rendezvous node-a:32345"
     assert lines[1] == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
-    assert lines[2:] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "torchrun", "--nnodes=2", "--nproc_per_node=1",
-                         "--rdzv-backend=c10d", "--rdzv-endpoint=node-a:32345", "--rdzv-id=12345", "--max-restarts=1",
-                         "solutions/step4_snapshots.py", "--epochs", "3", "--out", out]  # one argument, never run
+    torchrun = torchrun_argv("solutions/step4_snapshots.py", 1, standalone=False, nnodes=2,
+                             rdzv=("c10d", "node-a:32345", "12345"), flags=["--max-restarts=1"],
+                             args=["--epochs", "3", "--out", out])  # the out folder one argument, never run
+    assert lines[2:] == ["--kill-on-bad-exit=1", "--ntasks-per-node=1", "torchrun", *torchrun[3:]]
     assert not list(tmp_path.rglob("pwned"))
 
 

@@ -229,9 +229,9 @@ def _script_args(name: str, timeout: float) -> list[str]:
 
 def terminal_command(name: str, timeout: float = 60.0, watch: bool = False) -> str:
     """The command that runs lab ``name``'s exercise script in a terminal (the repository's folder, its venv active)."""
-    return " ".join(["torchrun", *(["--standalone"] if watch else []), "--nproc_per_node=2",
-                     *(["-m", "workshop_lib.watch"] if watch else []), f"exercises/{name}.py",
-                     *_script_args(name, timeout)])
+    from workshop_lib.lab.launch import torchrun_command
+
+    return torchrun_command(f"exercises/{name}.py", 2, watch=watch, args=_script_args(name, timeout))
 
 
 def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from workshop_lib.checks.common import CheckFailed, _passed
-from workshop_lib.lab.launch import free_port
+from workshop_lib.lab.launch import free_port, torchrun_argv
 from workshop_lib.lab.processes import kill_tree
 from workshop_lib.paths import lab_root
 
@@ -84,8 +83,8 @@ def _flags_here(flags: list[str], endpoint: str) -> list[str]:
 def run_here(args, timeout: float = 60) -> list[str]:
     """Start the command twice on this machine, as two nodes; every rank's line, sorted. CheckFailed if it fails."""
     endpoint = f"127.0.0.1:{free_port()}"  # both agents think they host it: the first binds, the other connects
-    argv = [sys.executable, "-m", "torch.distributed.run", *_flags_here(args.flags, endpoint),
-            "-m", "workshop_lib.checks.nodes"]
+    argv = torchrun_argv("workshop_lib.checks.nodes", None, standalone=False, flags=_flags_here(args.flags, endpoint),
+                         module=True)  # the learner's flags as written, the endpoint on this machine
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     agents = [subprocess.Popen(argv, cwd=lab_root(), env=env, text=True, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, start_new_session=True) for _ in range(2)]

@@ -3,8 +3,9 @@
 The hang watch and the checks register observers (:func:`observing`, or :func:`add` and :func:`remove`). While
 one is registered, each of :data:`COLLECTIVES`, ``torch.autograd.backward`` (DDP's gradient all-reduce runs in
 it, in C++) and ``DistributedDataParallel.forward`` where it broadcasts the buffers first (:func:`ddp_broadcasts`)
-is wrapped, call-through: ``enter(op, args, kwargs)`` runs before, ``leave(token, error)`` after. An observer
-that raises is dropped (its ``failed(error)``, else one warning line); the call goes on as if unobserved.
+is wrapped, call-through (``unittest.mock.patch.object``): ``enter(op, args, kwargs)`` runs before,
+``leave(token, error)`` after. An observer that raises is dropped (its ``failed(error)``, else one warning line);
+the call goes on as if unobserved.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import functools
 import sys
 from collections.abc import Iterator
 from typing import Protocol
+from unittest import mock
 
-from workshop_lib.debug.patching import patched
 from workshop_lib.errors import first_line
 
 # The Python collectives wrapped (those present in this torch)
@@ -106,11 +107,10 @@ def add(observer: Observer) -> None:
 
     if _patches is None:
         _patches = contextlib.ExitStack()
-        for name in COLLECTIVES:
-            if hasattr(dist, name):
-                _patches.enter_context(patched(dist, name, functools.partial(_wrap, name)))
-        _patches.enter_context(patched(torch.autograd, "backward", functools.partial(_wrap, BACKWARD)))
-        _patches.enter_context(patched(DistributedDataParallel, "forward", functools.partial(_wrap, DDP_FORWARD)))
+        wrapped = [*((dist, name, name) for name in COLLECTIVES if hasattr(dist, name)),
+                   (torch.autograd, "backward", BACKWARD), (DistributedDataParallel, "forward", DDP_FORWARD)]
+        for owner, name, op in wrapped:
+            _patches.enter_context(mock.patch.object(owner, name, new=_wrap(op, getattr(owner, name))))
     _observers.append(observer)
 
 

@@ -8,25 +8,28 @@ waited ``threshold`` seconds, or failed, the rank asks every rank where it is an
 (:mod:`workshop_lib.debug.hangreport`). On CUDA (NCCL) a collective queued but not finished on the GPU within
 ``threshold`` is reported too. ``faulthandler`` on SIGUSR1 serves ``python -m workshop_lib.diagnose``. When the
 watch fails it prints one ``hangwatch warning:`` line and the job runs on unwatched. The per-rank side is
-:class:`~workshop_lib.debug.rankwatch.Watch`; of torch's private names it reads one, the group's timeout
-(:func:`workshop_lib.debug.private.group_timeout`), for the default threshold (a quarter of it).
+:class:`~workshop_lib.debug.rankwatch.Watch`. The default threshold is a quarter of the group's timeout: the one the
+script passes to ``init_process_group``, seen through a call-through wrapper (``unittest.mock.patch.object``) when
+the watch attaches before the script runs, else torch's documented default (:func:`rankwatch.default_threshold`).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import signal
 import sys
 import threading
+from unittest import mock
 
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives
 from workshop_lib.debug.hangreport import Call
 from workshop_lib.debug.launchenv import read_launch_env
-from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
+from workshop_lib.debug.rankwatch import WARNING, Watch, init_timeout, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line
 
 __all__ = ["AFTER_VARIABLE", "WARNING", "Call", "Watch", "attach", "detach", "install", "uninstall", "warn"]
@@ -34,6 +37,7 @@ __all__ = ["AFTER_VARIABLE", "WARNING", "Call", "Watch", "attach", "detach", "in
 AFTER_VARIABLE = "WORKSHOP_HANG_AFTER"  # seconds a collective may wait: the same as ``--after``
 
 _watch: Watch | None = None
+_patches = contextlib.ExitStack()  # what attach observes besides the collectives, until detach
 _count = 0  # watches started in this process: each talks under its own prefix of the store
 
 
@@ -64,7 +68,11 @@ def attach(threshold: float | None = None, record: str | None = None, poll: floa
         return None
     if launch.world_size < 2:
         return None
-    return _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
+    watch = _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
+    if threshold is None:  # a quarter of the timeout the script will give its group: see it given
+        _patches.enter_context(mock.patch.object(dist, "init_process_group",
+                                                 new=init_timeout(watch, dist.init_process_group)))
+    return watch
 
 
 def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5,
@@ -103,6 +111,7 @@ def detach() -> None:
     watch, _watch = _watch, None
     if watch is None:
         return
+    _patches.close()  # init_process_group is torch's own again
     watch.stop.set()
     if watch.thread.is_alive() and watch.thread is not threading.current_thread():
         watch.thread.join(timeout=2 * watch.poll + 1)

@@ -8,6 +8,9 @@ rendezvous store and, when a collective waits too long, prints one block (:mod:`
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
+import inspect
 import json
 import os
 import sys
@@ -18,8 +21,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
-from workshop_lib.debug import hangreport, private
+from workshop_lib.debug import hangreport
 from workshop_lib.debug.hangreport import PREFIX, Call, caller, describe, explain, on_gpu, user_frames
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import first_line, first_sentence
@@ -46,10 +50,26 @@ def store_gone(err: BaseException) -> bool:
     return isinstance(err, dist.DistNetworkError)
 
 
-def default_threshold() -> float:
-    """A quarter of the default group's timeout, at least 5 s (torch's default timeout, 30 min, if it cannot be read)."""
-    timeout = private.group_timeout(instead="the hang watch takes torch's default timeout, 30 min (--after avoids it)")
-    return max(5.0, (timeout or dist.default_pg_timeout).total_seconds() / 4)
+def default_threshold(timeout: timedelta | None = None) -> float:
+    """A quarter of the group's ``timeout``, at least 5 s. None: the script passed none, or it was not seen (the
+    watch attached after the group was made): torch's documented default for the group's backend, 10 min for
+    nccl and 30 min for the others (:mod:`torch.distributed.constants`)."""
+    if timeout is None:
+        nccl = dist.is_initialized() and "nccl" in str(dist.get_backend())
+        timeout = (nccl and default_pg_nccl_timeout) or default_pg_timeout  # the former is None without NCCL
+    return max(5.0, timeout.total_seconds() / 4)
+
+
+def init_timeout(watch: Watch, real):
+    """A call-through wrapper of ``dist.init_process_group`` (``real``) that notes the ``timeout`` the script
+    passes in ``watch.group_timeout``, for the default threshold (:func:`default_threshold`)."""
+    @functools.wraps(real)
+    def init_process_group(*args, **kwargs):
+        with contextlib.suppress(TypeError):  # arguments torch refuses: its own error says so, below
+            watch.group_timeout = inspect.signature(real).bind(*args, **kwargs).arguments.get("timeout")
+        return real(*args, **kwargs)
+
+    return init_process_group
 
 
 class Watch:
@@ -59,6 +79,7 @@ class Watch:
                  prefix: str = "hangwatch"):
         self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
         self.threshold, self.poll = threshold, poll
+        self.group_timeout: timedelta | None = None  # what the script passed to init_process_group, where seen
         self.record = record or os.environ.get(hangreport.RECORD_VARIABLE) or None  # where the block is saved too
         self.rank, self.world_size = -1, 0  # known once the group exists
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
@@ -135,7 +156,7 @@ class Watch:
     def _join(self) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if self.threshold is None:
-            self.threshold = default_threshold()
+            self.threshold = default_threshold(self.group_timeout)
         if self.world_size < 2:
             return
         if self.given is not None:

@@ -131,7 +131,8 @@ class _EpochBar:
 def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] = (), out: str | os.PathLike | None = None,
              timeout: float = 600, progress: bool = True, show: str | None = "rank0", watch: bool = True,
              env: dict[str, str] | None = None) -> RunResult:
-    """Run ``torchrun --standalone --nproc_per_node=NPROC [-m workshop_lib.watch] SCRIPT ARGS``; return rank 0's metrics.
+    """Run ``torchrun --standalone --nproc_per_node=NPROC [-m workshop_lib.watch] SCRIPT ARGS`` (:func:`start_job`);
+    return rank 0's metrics.
 
     Paths are relative to the repository root. ``--out``: from ``args``, else ``out``, else a fresh folder under
     runs/ (``out=False``: none). ``show``: "rank0" prints rank 0's lines, "all" every line with its rank, None
@@ -141,8 +142,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
     script, args, out_dir = _arguments(script, args, out)
     epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
-    command = " ".join(["torchrun", "--standalone", f"--nproc_per_node={nproc}", *(WATCH if watch else []),
-                        _display_path(script), *map(shlex.quote, args)])
+    command = torchrun_command(_display_path(script), nproc, watch=watch, args=args)
     print(f"$ {command}", flush=True)
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
     start, started_at = time.perf_counter(), time.time()
@@ -189,15 +189,40 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
     return script, args, out_dir
 
 
+def torchrun_argv(script: str | os.PathLike, nproc: int | None = 2, *, standalone: bool = True,
+                 nnodes: int | None = None, rdzv: tuple[str, str, str] | None = None, flags: Sequence[object] = (),
+                 module: bool = False, watch: bool | Sequence[object] = False, args: Sequence[object] = (),
+                 python: str | os.PathLike = sys.executable) -> list[str]:
+    """The project's one torchrun command line: ``[python, -m, torch.distributed.run, FLAGS, TARGET, ARGS]``.
+
+    FLAGS: ``--standalone`` (one node, its rendezvous on a free port; ``standalone=False`` for several nodes, or
+    where ``flags`` name a rendezvous of their own), ``--nnodes``, ``--nproc_per_node`` (``nproc=None``: ``flags``
+    name it, a learner's as written), ``rdzv`` = (backend, endpoint, id), then ``flags`` as given
+    (``--max-restarts=1``, ``--tee 3``). TARGET: ``script``, or ``-m script`` (``module``), after
+    ``-m workshop_lib.watch`` and the watch's own options (``watch``: True, or those options).
+    :func:`torchrun_command` is the same line as typed in a terminal.
+    """
+    assert not (standalone and (nnodes or rdzv)), "--standalone is one node's rendezvous: several nodes name theirs"
+    watching = [*WATCH, *map(str, () if isinstance(watch, bool) else watch)] if watch else []
+    rendezvous = [f"--rdzv-backend={rdzv[0]}", f"--rdzv-endpoint={rdzv[1]}", f"--rdzv-id={rdzv[2]}"] if rdzv else []
+    return [str(python), "-m", "torch.distributed.run", *(["--standalone"] if standalone else []),
+            *([f"--nnodes={nnodes}"] if nnodes else []), *([f"--nproc_per_node={nproc}"] if nproc else []),
+            *rendezvous, *map(str, flags), *watching, *(["-m"] if module else []), str(script), *map(str, args)]
+
+
+def torchrun_command(script: str | os.PathLike, nproc: int | None = 2, **options) -> str:
+    """:func:`torchrun_argv`'s line as a learner types it: ``torchrun ...``, quoted for a shell."""
+    return shlex.join(["torchrun", *torchrun_argv(script, nproc, **options)[3:]])
+
+
 def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
               env: dict[str, str] | None = None, watch: bool = False) -> subprocess.Popen:
-    """``torchrun --standalone --nproc_per_node=N [-m workshop_lib.watch] script args``, in a session of its own.
+    """:func:`torchrun_argv` of ``script args`` on one node, in a session of its own.
 
     The lab's one way to start a job: one thread per rank unless OMP_NUM_THREADS says otherwise, its lines on a
     pipe. Stop it with :func:`workshop_lib.lab.processes.kill_tree`.
     """
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            *torchrun_flags, *(WATCH if watch else []), str(script), *map(str, args)]
+    argv = torchrun_argv(script, nproc, flags=torchrun_flags, watch=watch, args=args)
     full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(argv, cwd=lab_root(), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True, bufsize=1)

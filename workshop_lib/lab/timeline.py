@@ -1,8 +1,9 @@
 """A DDP step on a timeline: torch.profiler's records of several steps, per rank, drawn as the median step (04b).
 
 Each rank returns :func:`records` of its profile (each bucket size's steps in spans named ``bucket_cap_mb=...``),
-:func:`buckets` and :func:`ms_per_step`; :func:`median_step` cuts the records into steps and takes their median;
-:func:`facts` says what does not change from run to run, :func:`timings` what does, :func:`draw` shows it.
+:func:`buckets` (as a DDP communication hook saw them, :func:`note_buckets`) and :func:`ms_per_step`;
+:func:`median_step` cuts the records into steps and takes their median; :func:`facts` says what does not change
+from run to run, :func:`timings` what does, :func:`draw` shows it.
 Records used (torch 2.13, gloo on CPU): DDP's forward, each backward op, ``c10d::allreduce_`` (a bucket launched),
 ``copy_bucket_to_grad``, the optimizer's step, and ``gloo:all_reduce`` on gloo's threads (the wait included).
 """
@@ -13,10 +14,9 @@ import contextlib
 import os
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-from workshop_lib.debug import private
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
 PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
@@ -93,15 +93,47 @@ class Bucket:
         return sum(self.sizes)
 
 
+class _BucketLog:
+    """What :func:`note_buckets`' hook saw of each bucket: this backward's so far, by index, and the last whole one."""
+
+    def __init__(self, names: dict[int, str]):
+        self.names = names  # id(parameter) -> its name in the module
+        self.current: dict[int, Bucket] = {}
+        self.last: list[Bucket] | None = None
+
+
+_logs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP model -> its _BucketLog
+
+
+def _noted_allreduce(log: _BucketLog, bucket):
+    """A DDP communication hook: note the bucket's parameters and gradient bytes, then all-reduce it as DDP does."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    log.current[bucket.index()] = Bucket(tuple(log.names[id(p)] for p in bucket.parameters()),
+                                         tuple(g.numel() * g.element_size() for g in bucket.gradients()))
+    if bucket.is_last():
+        log.last, log.current = [log.current[i] for i in sorted(log.current)], {}
+    return allreduce_hook(None, bucket)  # the default group's all-reduce of the averaged bucket
+
+
+def note_buckets(ddp_model) -> None:
+    """Before ``ddp_model``'s first step: a communication hook (``register_comm_hook``) that notes each bucket DDP
+    hands it, then all-reduces it with torch's ``allreduce_hook``, what DDP does without a hook."""
+    log = _BucketLog({id(p): name for name, p in ddp_model.module.named_parameters()})
+    ddp_model.register_comm_hook(log, _noted_allreduce)
+    _logs[ddp_model] = log
+
+
 def buckets(ddp_model) -> list[Bucket]:
-    """The buckets DDP rebuilt after the first step (call it after the third forward), from DDP's own logging data."""
-    rebuilt = private.ddp_buckets(ddp_model, instead="the timeline cannot name DDP's buckets")
-    if rebuilt is None:
-        raise RuntimeError("this torch's DDP does not say how it bucketed the gradients: the timeline needs torch 2.13")
-    params = [(name, p.numel() * p.element_size()) for name, p in ddp_model.module.named_parameters()]
-    found = [Bucket(*zip(*(params[i] for i in indices), strict=True)) for indices, _ in rebuilt]
-    assert [b.nbytes for b in found] == [n for _, n in rebuilt], f"DDP's sizes {rebuilt} are not its parameters' {found}"
-    return found
+    """The buckets of ``ddp_model``'s last backward, as :func:`note_buckets`' hook saw them (DDP rebuilds them once,
+    in the second step's forward: read them after the third step's backward)."""
+    log = _logs.get(ddp_model)
+    if log is None:
+        raise RuntimeError("the timeline did not see this model's buckets: call timeline.note_buckets(model) "
+                           "right after DDP(...), before its first step")
+    if log.last is None:
+        raise RuntimeError("no backward has run since timeline.note_buckets(model): run the steps first")
+    return list(log.last)
 
 
 @dataclass(frozen=True)

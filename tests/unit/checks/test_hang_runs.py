@@ -80,7 +80,8 @@ def test_torchs_own_error_is_each_ranks_last_line_of_the_script_and_its_error():
 
 def test_the_terminal_command_is_the_one_a_learner_types():
     assert hang_runs.terminal_command("hanglab3", 30) == (
-        "torchrun --nproc_per_node=2 exercises/hanglab3.py --limit 447 --epochs 1 --batch-size 32 --timeout 30")
+        "torchrun --standalone --nproc_per_node=2 exercises/hanglab3.py --limit 447 --epochs 1 --batch-size 32 "
+        "--timeout 30")
     assert hang_runs.terminal_command("hanglab2", 3, watch=True) == (
         "torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hanglab2.py --limit 447 --epochs 1 "
         "--batch-size 16 --timeout 3")

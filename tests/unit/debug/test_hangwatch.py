@@ -16,6 +16,7 @@ from tests.conftest import REPO, cpu_env
 from workshop_lib.debug import hangreport, hangwatch, rankwatch
 from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
+from workshop_lib.lab.launch import torchrun_argv
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
 
@@ -105,6 +106,30 @@ def test_install_in_a_world_of_one_changes_nothing():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize(("given", "threshold"), [({"timeout": timedelta(seconds=40)}, 10.0), ({}, 450.0)])
+def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_group(monkeypatch, given, threshold):
+    """attach (before the script) sees init_process_group's timeout; none given: torch's default for gloo, 30 min."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun tells rank 0 of 2; the group below is a world of one
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv(hangwatch.AFTER_VARIABLE, raising=False)
+    original = dist.init_process_group
+    watch = hangwatch.attach(poll=0.01)
+    try:
+        assert dist.init_process_group is not original  # observed, call-through
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, **given)
+        watch.join()
+        assert (watch.group_timeout, watch.threshold) == (given.get("timeout"), threshold)
+    finally:
+        hangwatch.detach()
+        dist.destroy_process_group()
+    assert dist.init_process_group is original and dist.all_reduce.__module__.startswith("torch")
+
+
+def test_a_watch_that_did_not_see_the_group_made_takes_torchs_default_for_its_backend():
+    assert rankwatch.default_threshold(timedelta(seconds=8)) == 5.0  # never below 5 s
+    assert rankwatch.default_threshold() == dist.default_pg_timeout.total_seconds() / 4 == 450.0  # no group: gloo's
+
+
 def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     """Under DDP each backward() all-reduces the gradients: the record counts them, for the ranks' sequences."""
     watch = hangwatch.Watch(threshold=60, poll=60, record=None, store=dist.HashStore())
@@ -164,9 +189,7 @@ def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_pri
 
 def watched(mode: str, timeout: float, after: float | None, **env: str) -> subprocess.CompletedProcess:
     """hang_worker.py MODE on 2 ranks, as a learner would attach the watch: torchrun ... -m workshop_lib.watch."""
-    watch = ["-m", "workshop_lib.watch", *(["--after", str(after)] if after else [])]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *watch, str(WORKER),
-           mode, str(timeout)]
+    cmd = torchrun_argv(WORKER, 2, watch=["--after", after] if after else True, args=[mode, timeout])
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=cpu_env(**env))
 
 

@@ -6,7 +6,6 @@ import faulthandler
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -16,6 +15,7 @@ from tests.conftest import REPO, cpu_env
 from tests.reliability import pyspy_attaches
 from workshop_lib.debug import hangreport, stacks
 from workshop_lib.debug.stacks import Rank, side_by_side
+from workshop_lib.lab.launch import torchrun_argv
 from workshop_lib.lab.processes import kill_tree
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
@@ -50,8 +50,7 @@ def test_diagnose_shows_both_ranks_of_a_waiting_job_with_py_spy_and_with_the_sig
     """Rank 0 waits in all_reduce, rank 1 sits in evaluate(): both stacks, by py-spy and by SIGUSR1 into the log."""
     log, record = tmp_path / "job.log", tmp_path / "hang.json"
     with open(log, "w") as out:
-        job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                "-m", "workshop_lib.watch", "--after", "1", str(WORKER), "wait", "120"], cwd=REPO,
+        job = subprocess.Popen(torchrun_argv(WORKER, 2, watch=["--after", 1], args=["wait", 120]), cwd=REPO,
                                env=cpu_env(**{hangreport.RECORD_VARIABLE: str(record)}), stdout=out,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:

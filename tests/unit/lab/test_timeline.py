@@ -9,7 +9,6 @@ import matplotlib
 import pytest
 import torch
 
-from workshop_lib.debug import private
 from workshop_lib.lab import timeline
 from workshop_lib.lab.timeline import ALL_REDUCE, BACKWARD, COPY, FORWARD, LAUNCH, OPTIMIZER, Bucket, Event
 
@@ -85,23 +84,40 @@ def test_records_keeps_a_ddp_steps_parts_on_the_machines_clock():
                                       Event("gloo:all_reduce", 5050.0, 30, GLOO_A)]
 
 
-def test_buckets_reads_ddps_rebuilt_buckets_with_the_parameters_names_and_sizes():
+@pytest.fixture
+def group_of_one():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_note_buckets_names_each_buckets_parameters_as_ddp_hands_them_and_changes_no_gradient(group_of_one):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))  # 40, 4, 1 elements
-    data = {"has_rebuilt_buckets": 1, "rebuilt_bucket_sizes": "20, 160",
-            "rebuilt_per_bucket_param_indices": "2 1, 0"}
-    ddp = SimpleNamespace(module=module, _get_ddp_logging_data=lambda: data)
+    plain = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))
+    plain.load_state_dict(module.state_dict())
+    ddp = DDP(module, bucket_cap_mb=20 / 2**20)  # 20 bytes: the linear layer's 5 floats close the first bucket
+    with pytest.raises(RuntimeError, match=r"call timeline.note_buckets\(model\) right after DDP\(...\)"):
+        timeline.buckets(ddp)
+    timeline.note_buckets(ddp)
+    with pytest.raises(RuntimeError, match="no backward has run since"):
+        timeline.buckets(ddp)
+    tokens = torch.tensor([[1, 2, 3]])
+    first = None
+    for _ in range(3):  # DDP rebuilds its buckets in the second step's forward, in the order the gradients came
+        ddp.zero_grad()
+        ddp(tokens).sum().backward()
+        first = first or timeline.buckets(ddp)
+    assert first == [Bucket(("0.weight", "1.weight", "1.bias"), (160, 16, 4))]  # the first step: one bucket
     assert timeline.buckets(ddp) == [Bucket(("1.bias", "1.weight"), (4, 16)), Bucket(("0.weight",), (160,))]
-    with pytest.raises(AssertionError, match="run three first"):
-        timeline.buckets(SimpleNamespace(module=module, _get_ddp_logging_data=lambda: {"has_rebuilt_buckets": 0}))
-
-
-def test_buckets_of_a_torch_whose_ddp_does_not_say_is_a_one_line_error(monkeypatch, capsys):
-    monkeypatch.setattr(private, "_said", set())
-    with pytest.raises(RuntimeError, match=r"^this torch's DDP does not say how it bucketed the gradients: "):
-        timeline.buckets(SimpleNamespace(module=torch.nn.Linear(2, 1)))
-    assert capsys.readouterr().err.splitlines() == [
-        f"{private.WARNING}torch {torch.__version__} has no DistributedDataParallel._get_ddp_logging_data; "
-        "the timeline cannot name DDP's buckets"]
+    plain(tokens).sum().backward()  # a world of one: DDP's averaged gradient is the plain one, through the hook too
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(plain.parameters(), module.parameters(), strict=True))
 
 
 def test_median_step_cuts_the_records_into_steps_on_one_clock():
@@ -217,6 +233,7 @@ def _profiled_steps(env, caps, steps):
     runs = {}
     for cap in caps:
         model = DDP(SmilesLSTM(40), bucket_cap_mb=cap)
+        timeline.note_buckets(model)
         runs[cap] = model, torch.optim.AdamW(model.parameters())
         for _ in range(2):
             train_step(*runs[cap], b)

@@ -1,5 +1,6 @@
-"""The house rules for workshop_lib's shape (issue 33): one concern per module of 300 lines at most, functions of 60
-lines at most, and no import cycle anywhere in the package (function-level imports included)."""
+"""The house rules for workshop_lib's shape (issue 33): functions of 60 lines at most, and no import cycle anywhere in
+the package (function-level imports included). Modules hold one concern; issue 40 dropped their 300-line cap, which
+split one idea in two (lab/timeline.py and its buckets seen through DDP's communication hook is 321 lines)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,6 @@ PACKAGE = REPO / "workshop_lib"
 
 def _modules():
     return sorted(PACKAGE.rglob("*.py"))
-
-
-def test_every_module_is_300_lines_at_most():
-    long = {str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > 300}
-    assert long == {}, f"split these modules by concern: {long}"
 
 
 def test_every_function_is_60_lines_at_most():

@@ -37,8 +37,23 @@ def read_records(output: Sequence[str]) -> list[dict]:
     # by occurrence, not by line: two ranks printing at once may share a line of a plain shell's output
     records = [decoder.raw_decode(part)[0] for part in text.split(MARK)[1:]]
     if not records:
-        raise WorkshopError("the run printed no worker record; print proctree.worker_record() in each worker")
+        raise WorkshopError(_no_record(output))
     return sorted(records, key=lambda r: int(r["env"]["RANK"]))
+
+
+def _no_record(output: Sequence[str]) -> str:
+    """Why a run's output holds no worker record: torchrun never ran (not on the shell's PATH), or nothing printed one."""
+    import shutil
+    import sys
+
+    if not any(line.strip() for line in output) and shutil.which("torchrun") is None:
+        return ("the run printed nothing, and this kernel's shell finds no torchrun on its PATH (the cell said "
+                "\"torchrun: not found\"): JupyterLab was started outside the lab's environment; start it from the "
+                f"activated environment (. .venv/bin/activate && jupyter lab), or type {sys.executable} -m "
+                "torch.distributed.run where the cell says torchrun")
+    if not any(line.strip() for line in output):
+        return "the run printed nothing: run the torchrun cell above first, then this one"
+    return "the run printed no worker record; print proctree.worker_record() in each worker"
 
 
 def _box(ax, x: float, y: float, w: float, h: float, text: str, color: str, size: float = 8) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import matplotlib
 import pytest
@@ -46,6 +48,23 @@ def test_one_node_refuses_a_tree_that_is_not_torchruns(records, message):
 def test_no_record_in_the_output_is_one_line():
     with pytest.raises(WorkshopError, match=r"print proctree.worker_record\(\) in each worker"):
         proctree.read_records(["[rank 0] hello"])
+
+
+def test_a_torchrun_the_shell_cannot_find_is_named_with_its_fix(tmp_path, monkeypatch):
+    """A kernel whose environment is not on the shell's PATH (JupyterLab started as .venv/bin/jupyter lab): 01's
+    `!torchrun ... | tee whoami.out` prints "torchrun: not found" to the cell and leaves the file empty."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the system's, without the environment's bin/
+    shell = subprocess.run(f"cd {tmp_path} && torchrun --standalone --nproc_per_node=2 whoami.py | tee whoami.out",
+                           shell=True, capture_output=True, text=True, timeout=30)
+    assert "torchrun: not found" in shell.stderr  # what the cell shows
+    with pytest.raises(WorkshopError) as err:
+        proctree.read_records((tmp_path / "whoami.out").read_text().splitlines())
+    said = str(err.value)
+    assert len(said.splitlines()) == 1 and "finds no torchrun on its PATH" in said
+    assert f"{sys.executable} -m torch.distributed.run" in said and ". .venv/bin/activate && jupyter lab" in said
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin")  # found: not the cause
+    with pytest.raises(WorkshopError, match="run the torchrun cell above first"):
+        proctree.read_records([])
 
 
 def test_worker_record_describes_this_process_and_its_parent():

@@ -25,6 +25,9 @@ class InputError(SystemExit):
 class WorkshopError(Exception):
     """A problem with the lab's tools (a launch, a check, the build) that the user can fix, in one line."""
 
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of the lab's own frames
+        return [f"{type(self).__name__}: {self}"]
+
 
 def first_line(err: BaseException | str, limit: int = 200) -> str:
     """The first line of an error's message (of ``err`` itself for a string), else the error's type name."""

@@ -97,3 +97,14 @@ def test_under_torchrun_every_rank_prints_its_line_and_torchrun_exits_1(tmp_path
     assert proc.stderr.count("Traceback") == 1, proc.stderr[-3000:]  # torchrun's own ChildFailedError, no rank's
     assert "exitcode  : 1" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_workshop_error_shows_in_a_notebook_as_its_one_line():
+    """IPython calls _render_traceback_ in place of printing the traceback: the learner reads the cause, not our frames."""
+    from workshop_lib.errors import WorkshopError
+
+    try:
+        raise WorkshopError("the run printed nothing: run the torchrun cell above first, then this one")
+    except WorkshopError as err:
+        assert err._render_traceback_() == [
+            "WorkshopError: the run printed nothing: run the torchrun cell above first, then this one"]

@@ -64,8 +64,8 @@ def setup(timeout: float) -> torch.device:
     #       the CPU. Read: section 1 above (LOCAL_RANK); torch.cuda.set_device in the torch docs.
     raise NotImplementedError("fill in the TODO above")
     # TODO: join the group with the backend for `device` (section 2 above), giving up on a peer after `timeout`
-    #       seconds; on a GPU, name the device too. Read: torch.distributed.init_process_group (backend, timeout,
-    #       device_id) in the torch docs.
+    #       seconds; on a GPU, device_id (optional) binds the group to the device. Read:
+    #       torch.distributed.init_process_group (backend, timeout, device_id) in the torch docs.
     raise NotImplementedError("fill in the TODO above")
     return device
 

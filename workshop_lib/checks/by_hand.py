@@ -10,12 +10,11 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable
+from unittest import mock
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, run_forked
-from workshop_lib.debug.patching import patched
-from workshop_lib.errors import first_line
+from workshop_lib.checks.common import CheckFailed, _passed, raised, run_forked, still_todo
 
 LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
 
@@ -105,11 +104,11 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
             return out
         return spy
 
-    with contextlib.ExitStack() as spies:
-        spies.enter_context(patched(optimizer, "step", stamp))
+    with contextlib.ExitStack() as spies:  # each spy calls through to what it wraps
+        spies.enter_context(mock.patch.object(optimizer, "step", stamp(optimizer.step)))
         if watch is not None:
-            spies.enter_context(patched(optimizer, "step", watch.step))
-            spies.enter_context(patched(dist, "all_reduce", watch.all_reduce))
+            spies.enter_context(mock.patch.object(optimizer, "step", watch.step(optimizer.step)))
+            spies.enter_context(mock.patch.object(dist, "all_reduce", watch.all_reduce(dist.all_reduce)))
         dist.barrier()  # start together
         last[0] = time.perf_counter()
         fn(model, optimizer, batches)
@@ -132,7 +131,7 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
     except NotImplementedError:
         return {"status": "todo"}
     except Exception as err:  # the check names it
-        return {"status": "error", "error": f"{type(err).__name__}: {first_line(err, 300)}"}
+        return {"status": "error", "error": raised(err)}
     return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
             "hand_weights": hand_weights, "blocking": watch.blocking, "started": watch.started,
             "unwaited": watch.unwaited, "first_grad": first, "ddp_first_grad": ddp_first}
@@ -146,7 +145,7 @@ def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: i
                        name="train_by_hand")
     bad = next((r for r in ranks if r["status"] != "ok"), None)
     if bad is not None and bad["status"] == "todo":
-        raise CheckFailed("train_by_hand still raises NotImplementedError: fill in its TODOs and run its cell again")
+        raise CheckFailed(still_todo("train_by_hand"))
     if bad is not None:
         raise CheckFailed(f"train_by_hand raised {bad['error']}")
     r = ranks[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from workshop_lib.checks import torch_errors
@@ -24,12 +25,48 @@ def _missed(message: str) -> None:
     print(f"\N{BALLOT X} {message}")
 
 
+def still_todo(name: str) -> str:
+    """The one line for a learner's function whose TODO is still open."""
+    return f"{name} still raises NotImplementedError: fill in its TODO and run its cell again"
+
+
+def _empty(predicted) -> bool:
+    return predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
+
+
 def predict_first(predicted, name: str) -> None:
-    """Stop a run cell before it shows its answer while the learner's prediction ``name`` is still empty."""
-    empty = predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
-    if empty:
+    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer)."""
+    if _empty(predicted):
         raise CheckFailed(f"predict first: set `{name}` in the cell above and run it, then run this cell: "
                           f"the run shows the answer")
+
+
+def judge_prediction(name: str, predicted, measured, right: bool, why: str = "", shown: str | None = None) -> None:
+    """After the run, every prediction of the lab: ✓ when ``right`` (the caller's tolerance, which fits the
+    measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug)."""
+    said = "no prediction" if _empty(predicted) else f"you predicted {shown or repr(predicted)}"
+    (_passed if right and not _empty(predicted) else _missed)(
+        f"{name}: {said}, measured {measured}" + (f"; {why}" if why else ""))
+
+
+def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str | None:
+    """Where the learner's code left a name None on ``rank`` (set only under a rank test), for "'NoneType' object has
+    no attribute" raised at ``line`` of ``filename`` (a notebook cell's too: IPython keeps its text in linecache)."""
+    from workshop_lib.checks import branches
+
+    if "NoneType" not in message:
+        return None
+    return branches.none_on_rank(_text(filename), line, message, rank)
+
+
+def _this_rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+# "rank 1 raised AttributeError: 'NoneType' object has no attribute 'x' (File "...", line 7, in f)": a forked rank's
+_FAILURE = re.compile(r'^rank (\d+) raised \w+: (.*) \(File "(.+)", line (\d+), in [^)]*\)$')  # line (forklaunch)
 
 
 # A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
@@ -39,22 +76,64 @@ HANG_AFTER = 8.0
 
 def _call(fn: Callable, name: str, *args):
     """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
-    from workshop_lib.debug import frames
-
     try:
         return fn(*args)
     except CheckFailed:
         raise
     except NotImplementedError:
-        raise CheckFailed(f"{name} still raises NotImplementedError: fill in its TODO and run its cell again") from None
+        raise CheckFailed(still_todo(name)) from None
     except Exception as err:
         if "not been initialized" in str(err):
             raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process "
                               f"group has not been initialized)") from None
-        why = torch_errors.explain(str(err))
-        mine = frames.raised_at(err)  # the innermost line of the learner's code
-        raise CheckFailed(f"{name} raised {type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: "
-                          f"{first_line(err, 300)}" + (f"; {why}" if why else "")) from None
+        raise CheckFailed(f"{name} raised {raised(err)}") from None
+
+
+def raised(err: Exception) -> str:
+    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause where it is known
+    (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
+    from workshop_lib.debug import frames
+
+    mine = frames.raised_at(err)  # the innermost line of the learner's code
+    why = torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
+    return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
+            + (f"; {why}" if why else ""))
+
+
+def rank_alone(record) -> str | None:
+    """A hang whose cause is a collective under a rank test: the waiting rank's line first, then the missing ranks',
+    read from the hang watch's ``record`` (each rank's frames) and the learner's code (:mod:`branches`)."""
+    import ast
+
+    from workshop_lib.checks import branches
+    from workshop_lib.debug import hangreport
+
+    block = next((b for b in hangreport.load(record) if b["waiting_for"]), None)
+    if block is None:
+        return None
+    for rank in (block["rank"], *block["waiting_for"]):
+        frames = block["answers"].get(str(rank), {}).get("frames") or []
+        if not frames:
+            continue
+        file, line, _, code = frames[-1]
+        condition = branches.rank_condition(_text(file), line)
+        try:
+            call = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call))
+            name = ast.unparse(call.func).split(".")[-1]
+        except (SyntaxError, StopIteration):
+            name = "the call"
+        if condition is not None:
+            return (f"{name} (line {line}) is called by rank {rank} alone, under `if {condition[1]}:` (line "
+                    f"{condition[0]}): call it on every rank (it is a collective), or move it out of the block")
+    return None
+
+
+def _text(file: str) -> str:
+    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk."""
+    import linecache
+    from pathlib import Path
+
+    return "".join(linecache.getlines(file)) or (Path(file).read_text() if Path(file).is_file() else "")
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
@@ -67,7 +146,9 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout,
                                hang_after=HANG_AFTER if hang_after is None else hang_after)
-    except HangError as err:  # the watch's line, and the fix unless it says one already
+    except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
+        if err.record is not None and (alone := rank_alone(err.record)):
+            raise CheckFailed(alone) from None
         said = err.diagnosis
         raise CheckFailed(said if "every rank must" in said else f"{said}: {fix}, or the others wait for it") from None
     except LaunchTimeout:
@@ -75,9 +156,10 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:
         if "NotImplementedError" in str(err):
-            raise CheckFailed(f"{name or 'your function'} still raises NotImplementedError: fill in its TODO and "
-                              f"run its cell again") from None
+            raise CheckFailed(still_todo(name or "your function")) from None
         why = next(filter(None, map(torch_errors.explain, err.details)), None)
+        if why is None and (said := _FAILURE.match(err.failures[0])):
+            why = _none_cause(said[3], int(said[4]), said[2], int(said[1]))
         raise CheckFailed(f"a rank failed: {err.failures[0]}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

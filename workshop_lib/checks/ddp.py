@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _missed, _passed
+from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 
 SAME_GLOBAL, SAME_PER_RANK, DDP_RUN = "1x2, batch 128", "1x2, batch 64", "2x1, batch 64 each"
 
 
+NOISE = 0.25  # a speed-up measured again on the same machine moves by up to about this share (03's runs: 1.3x-1.65x)
+
+
 def speedup_prediction(predicted: float | None, runs: dict[str, dict]) -> None:
-    """The predicted speed-up of :data:`DDP_RUN` over :data:`SAME_GLOBAL` against the medians of the later epochs
-    (their scatter is the range), split into padding (:data:`SAME_PER_RANK`) and data parallelism; never raised."""
+    """The predicted speed-up of :data:`DDP_RUN` over :data:`SAME_GLOBAL` against the medians of the later epochs,
+    split into padding (:data:`SAME_PER_RANK`) and data parallelism; right within the epochs' range or
+    :data:`NOISE` of the median (a run's epochs scatter less than runs do); never raised."""
     import statistics
 
     def epochs(name: str) -> list[float]:
@@ -24,16 +28,14 @@ def speedup_prediction(predicted: float | None, runs: dict[str, dict]) -> None:
 
     one, two = epochs(SAME_GLOBAL), epochs(DDP_RUN)
     measured, low, high = median(DDP_RUN) / median(SAME_GLOBAL), min(two) / max(one), max(two) / min(one)
-    said = (f"measured {measured:.2f}x (this run's epochs: {low:.2f}x to {high:.2f}x): the batch of 64 instead of 128 "
-            f"gives {median(SAME_PER_RANK) / median(SAME_GLOBAL):.2f}x ({SAME_PER_RANK} over {SAME_GLOBAL}), times "
-            f"data parallelism at the same batch per rank {median(DDP_RUN) / median(SAME_PER_RANK):.2f}x ({DDP_RUN} "
-            f"over {SAME_PER_RANK})")
-    if predicted is None:
-        print(f"{said} (no prediction to compare: set predicted_speedup before the run)")
-    elif low <= predicted <= high:
-        _passed(f"you predicted {predicted:.2f}x, {said}")
-    else:
-        _missed(f"you predicted {predicted:.2f}x, {said}")
+    why = (f"this run's epochs: {low:.2f}x to {high:.2f}x; the batch of 64 instead of 128 gives "
+           f"{median(SAME_PER_RANK) / median(SAME_GLOBAL):.2f}x ({SAME_PER_RANK} over {SAME_GLOBAL}), times data "
+           f"parallelism at the same batch per rank {median(DDP_RUN) / median(SAME_PER_RANK):.2f}x ({DDP_RUN} over "
+           f"{SAME_PER_RANK})")
+    number = isinstance(predicted, int | float) and not isinstance(predicted, bool)
+    right = number and (low <= predicted <= high or abs(predicted / measured - 1) <= NOISE)
+    judge_prediction("the speed-up", predicted, f"{measured:.2f}x", right, why,
+                     shown=f"{predicted:.2f}x" if number else None)
 
 
 def token_rates(runs: dict[str, dict]) -> None:

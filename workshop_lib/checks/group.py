@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _missed, _passed, run_forked
+from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, still_todo
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.made_up_rank import process_group  # noqa: F401 (check.process_group in the notebook)
 from workshop_lib.checks.recorder import Collectives, Recorder
@@ -42,7 +42,7 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
                        fix="every rank must call dist.all_reduce")
     expected = nprocs * (nprocs + 1) / 2
     if any(r["outcome"] == "todo" for r in ranks):
-        raise CheckFailed(f"{fn.__name__} still raises NotImplementedError: fill in its TODO and run its cell again")
+        raise CheckFailed(still_todo(fn.__name__))
     silent = [r["rank"] for r in ranks if not r["calls"]]
     if len(silent) == nprocs:
         raise CheckFailed("no rank called dist.all_reduce: call it on a tensor holding dist.get_rank() + 1")
@@ -66,20 +66,14 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
 def collectives_prediction(predicted: dict, results: list[dict], rank: int = 1) -> None:
     """The learner's prediction of ``rank``'s results (a list per collective) against the ranks': a tick or a cross
     per collective, never raised."""
-    got = {name: [round(v, 6) for v in results[rank][name].tolist()] for name in predicted}
-    if all(value is None for value in predicted.values()):
-        _missed(f"no prediction to compare: fill in `predicted` before the run; rank {rank} got {got}")
-        return
     for name, guess in predicted.items():
+        got = [round(v, 6) for v in results[rank][name].tolist()]
         flat = _numbers(guess)
-        if guess is not None and flat is None:
-            _missed(f"{name}: your prediction {guess!r} is not a list of numbers; rank {rank} got {got[name]}")
-            continue
         nested = flat is not None and isinstance(guess, list | tuple) and any(isinstance(v, list | tuple) for v in guess)
-        how = " (read as one list, rank 0's values first: the cell returns the gathered tensors concatenated)" \
-            if nested else ""
-        right = flat is not None and [round(v, 6) for v in flat] == got[name]
-        (_passed if right else _missed)(f"{name}: you predicted {guess}, rank {rank} got {got[name]}{how}")
+        why = ("read as one list, rank 0's values first: the cell returns the gathered tensors concatenated" if nested
+               else "not a list of numbers" if guess is not None and flat is None else "")
+        judge_prediction(name, guess, f"{got} on rank {rank}", flat is not None and [round(v, 6) for v in flat] == got,
+                         why)
 
 
 def _numbers(guess) -> list[float] | None:

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, run_forked
+from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
+from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.recorder import Recorder
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
-from workshop_lib.errors import first_line
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -42,8 +42,7 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
     except NotImplementedError:
         return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
-        first = first_line(err, 10_000)
-        return "error", f"{type(err).__name__}: {first}", None
+        return "error", raised(err), None
     return "ok", len(allreduces), _weights(model.module)
 
 
@@ -78,7 +77,7 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
                          name="train_accumulating")
     status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
     if status == "todo":
-        raise CheckFailed("train_accumulating still raises NotImplementedError: fill in its TODO and run its cell again")
+        raise CheckFailed(still_todo("train_accumulating"))
     if status == "error":
         raise CheckFailed(f"train_accumulating raised {detail}")
     n_batches = len(batches_of(0))
@@ -148,15 +147,12 @@ def recording_allreduces(model) -> Iterator[list[dict]]:
 
 
 def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
-    """Compare the learner's prediction with the all-reduces recorded in ``backwards`` backward() calls."""
-    if predicted is None or isinstance(predicted, bool) or not isinstance(predicted, int):
-        raise CheckFailed(f"predicted_allreduces is {predicted!r}: write your prediction as a whole number first")
+    """The learner's prediction against the all-reduces recorded in ``backwards`` backward() calls; never raised."""
     ran = [e for e in events if e.get("name") == "all_reduce"]
     where = ", ".join(str(e["backward"]) for e in ran if e.get("backward")) or "none"
-    seen = (f"DDP ran {len(ran)} all-reduce{'s' if len(ran) != 1 else ''} in {backwards} backward() calls "
-            f"(in backward {where})")
-    if predicted != len(ran):
-        hint = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"
-                if predicted > len(ran) else "every backward() outside no_sync() all-reduces the gradients it finds")
-        raise CheckFailed(f"you predicted {predicted}; {seen}: {hint}")
-    _passed(f"{seen}: inside no_sync() backward() only adds into .grad, and the last one all-reduces the sum")
+    whole = isinstance(predicted, int) and not isinstance(predicted, bool)
+    why = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"
+           if not whole or predicted >= len(ran) else
+           "every backward() outside no_sync() all-reduces the gradients it finds")
+    judge_prediction("the all-reduces", predicted, f"{len(ran)} in {backwards} backward() calls (in backward {where})",
+                     whole and predicted == len(ran), why)

@@ -3,23 +3,25 @@ and the predicted replica spread."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import math
 import os
 from collections.abc import Callable
+from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 from workshop_lib.checks import record
 from workshop_lib.checks import shards as judged
-from workshop_lib.checks.common import CheckFailed, _call, _missed, _passed
+from workshop_lib.checks.common import CheckFailed, _call, _passed, judge_prediction
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.recorder import passes
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.data import TokenizedDataset
-from workshop_lib.debug.patching import patched
 
 
 def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
@@ -38,11 +40,10 @@ def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     variables = {"RANK": rank, "LOCAL_RANK": rank % per_node, "WORLD_SIZE": world_size,
                  "LOCAL_WORLD_SIZE": per_node, "GROUP_RANK": rank // per_node}
-    for name, value in variables.items():
-        stack.enter_context(patched(os.environ, name, lambda _, v=value: str(v)))
+    stack.enter_context(mock.patch.dict(os.environ, {k: str(v) for k, v in variables.items()}))
     for name, fake in (("get_rank", lambda group=None: rank), ("get_world_size", lambda group=None: world_size),
                        ("is_initialized", lambda: True)):
-        stack.enter_context(patched(dist, name, lambda _, f=fake: f))
+        stack.enter_context(mock.patch.object(dist, name, fake))
     return stack
 
 
@@ -91,23 +92,46 @@ def _seed_passed(make_loader: Callable, dataset, world_size: int, per_node: int,
                           f"on every rank)")
 
 
-def spread_prediction(predicted: float | None, result: dict) -> None:
-    """The predicted replica spread after epoch 1 of step 2 against the run's metrics.json; never raised."""
+def spread_prediction(predicted: float | None, result: dict, path: str | Path | None = None) -> None:
+    """The predicted replica spread after epoch 1 of step 2 against the run's metrics.json, right within a factor of
+    10 (the spread moves by tens of percent from run to run), never raised. The steps are counted from the training
+    split, not from the molecules the run logged: a count averaged over the ranks is named (its line in ``path``,
+    the learner's script)."""
+    from workshop_lib.config import parse_args
+    from workshop_lib.data import load_splits
+
     spreads = [row["replica_spread"] for row in result["history"]]
-    first = result["history"][0]  # metrics.json counts every rank's molecules; a rank's last batch may be short
-    per_rank = round(first["samples_per_second"] * first["seconds"] / result["world_size"])
-    actual, steps, lr = spreads[0], math.ceil(per_rank / result["batch_size_per_process"]), result["config"]["lr"]
+    cfg, first, world = result["config"], result["history"][0], result["world_size"]
+    train = len(load_splits(parse_args(["--limit", str(cfg["limit"]), "--data", cfg["data"]])).train)
+    actual, steps, lr = spreads[0], math.ceil(train / world / result["batch_size_per_process"]), cfg["lr"]
     print("the replicas' weights differ by up to " + ", ".join(f"{s:.4f} after epoch {e + 1}"
                                                                for e, s in enumerate(spreads)))
     why = (f"each rank took {steps} AdamW steps in epoch 1, each moving a weight by up to about lr = {lr:g}, in a "
            f"direction set by its own shard: 2 replicas can end up to about 2 x {steps} x {lr:g} = {2 * steps * lr:g} "
            f"apart")
-    if predicted is None:
-        print(f"(no prediction to compare: set predicted_spread before the run) {why}")
-    elif predicted > 0 and abs(math.log10(predicted / actual)) <= 1:
-        _passed(f"you predicted {predicted:g}: the right order of magnitude; {why}")
-    elif predicted <= 0:
-        _missed(f"you predicted {predicted:g}: the replicas stay equal only if every rank takes the same step; {why}")
-    else:
-        _missed(f"you predicted {predicted:g}, more than 10 times {'above' if predicted > actual else 'below'} the "
-                f"measured {actual:.4f}: {why}")
+    number = isinstance(predicted, int | float) and not isinstance(predicted, bool)
+    right = number and predicted > 0 and abs(math.log10(predicted / actual)) <= 1
+    if number and predicted <= 0:
+        why = f"the replicas stay equal only if every rank takes the same step; {why}"
+    elif number and not right:
+        why = f"more than 10 times {'above' if predicted > actual else 'below'} the measured spread; {why}"
+    judge_prediction("the replica spread after epoch 1", predicted, f"{actual:.4f}", right, why,
+                     shown=f"{predicted:g}" if number else None)
+    logged = round(first["samples_per_second"] * first["seconds"])  # every rank's molecules (padded), summed
+    if world > 1 and abs(logged * world - train) <= world:  # averaged instead: a mistake of the run, said last
+        raise CheckFailed(averaged_count(path, logged, train))
+
+
+def averaged_count(path: str | Path | None, logged: int, train: int) -> str:
+    """The molecules of an epoch logged as 1/world size of the split: a count all-reduced with op=AVG."""
+    line = next((n.lineno for n in _calls(path, "all_reduce") if "AVG" in ast.unparse(n)), None) if path else None
+    at = f", line {line}" if line else ""
+    return (f"the run logged {logged} molecules in epoch 1 of {train}: the molecule count was averaged (op=AVG{at}): "
+            f"sum the totals with ReduceOp.SUM and divide once")
+
+
+def _calls(path: str | Path, name: str) -> list[ast.Call]:
+    """The calls of ``name`` (``dist.name(...)`` or ``name(...)``) in the script, in order."""
+    tree = ast.parse(Path(path).read_text())
+    return sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", getattr(n.func, "id", None)) == name), key=lambda n: n.lineno)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -46,6 +47,39 @@ def make_evaluate(everyone=True, gather=True):
             torch.save(state, path)
         return logits
     return evaluate_and_save
+
+
+def gather_on_rank0(model, tokens, lengths, path):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    with torch.no_grad():
+        logits = model(tokens, lengths)  # every rank
+    if dist.get_rank() == 0:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        torch.save(state, path)
+    return logits
+
+
+def test_a_full_state_gather_on_rank_0_alone_names_its_line_and_the_condition():
+    import inspect
+
+    first = inspect.getsourcelines(gather_on_rank0)[1]
+    with pytest.raises(CheckFailed, match=re.escape(
+            f"get_model_state_dict (line {first + 6}) is called by rank 0 alone, under `if dist.get_rank() == 0:` (line "
+            f"{first + 5}): call it on every rank (it is a collective), or move it out of the block")) as err:
+        beyond.fsdp(shard_blocks, gather_on_rank0)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("predicted", "said"), [
+    (0.5, "\N{CHECK MARK} FSDP2's share of DDP's bytes per rank: you predicted 50%, measured 50%; each of N ranks"),
+    (0.42, "\N{CHECK MARK} FSDP2's share of DDP's bytes per rank: you predicted 42%, measured 50%"),
+    (1.0, "\N{BALLOT X} FSDP2's share of DDP's bytes per rank: you predicted 100%, measured 50%"),
+    (None, "\N{BALLOT X} FSDP2's share of DDP's bytes per rank: no prediction, measured 50%"),
+])
+def test_the_share_prediction_is_judged_never_raised(predicted, said, capsys):
+    beyond.share_prediction(predicted, 0.5)
+    assert capsys.readouterr().out.startswith(said)
 
 
 def make_resume(optimizer_too=True, uses_rank=False):

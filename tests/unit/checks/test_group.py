@@ -6,10 +6,13 @@ named. Nothing is joined: init_process_group is observed, not called.
 
 from __future__ import annotations
 
+import os
 import re
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.conftest import REPO
 from workshop_lib.checks import common, group
@@ -39,7 +42,8 @@ def test_the_solution_passes_without_notes(capsys):
     group.process_group(setup_with())
     out = capsys.readouterr().out
     assert out == ("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs, Gloo on a CPU; joined "
-                   "as rank 3 of 4 through torchrun's variables\n")
+                   "as rank 3 of 4 through torchrun's variables; device_id=cuda:1 given (optional: with it NCCL "
+                   "connects at init_process_group, so a bad GPU shows there rather than at the first collective)\n")
 
 
 @pytest.mark.parametrize("edits", [
@@ -57,9 +61,85 @@ def test_every_textbook_form_passes(edits, capsys):
     assert "joined as rank 3 of 4 through torchrun's variables" in capsys.readouterr().out
 
 
+# The forms of torch's docs (2.13 to 2.15), each as a learner would write setup with it.
+
+def setup_accelerator(timeout):
+    """The device-agnostic form: torch.accelerator, the backend for the device."""
+    acc = torch.accelerator.current_accelerator()
+    if acc is not None:
+        torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
+        device = torch.device(acc.type, int(os.environ["LOCAL_RANK"]))
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(dist.get_default_backend_for_device(device), timeout=timedelta(seconds=timeout))
+    return device
+
+
+def setup_accelerator_device_id(timeout):
+    device = torch.device("cpu")
+    if torch.accelerator.is_available():
+        device = torch.device(f"{torch.accelerator.current_accelerator()}:{os.environ['LOCAL_RANK']}")
+        torch.accelerator.set_device_index(device)
+    backend = dist.get_default_backend_for_device(device)
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout),
+                            device_id=device if device.type != "cpu" else None)
+    return device
+
+
+def setup_no_backend(timeout):
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available() and torch.cuda.device_count() > local_rank:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(timeout=timedelta(seconds=timeout))  # torch picks gloo for CPU, nccl for CUDA tensors
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def setup_backend_per_device(timeout):
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=timeout))
+    return device
+
+
+def setup_mapping(timeout):
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = {"cuda": "nccl", "cpu": "gloo"}[device.type]
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout), device_id=device if device.index else None)
+    return device
+
+
+@pytest.mark.parametrize("setup", [setup_accelerator, setup_accelerator_device_id, setup_no_backend,
+                                   setup_backend_per_device, setup_mapping])
+def test_every_form_of_the_torch_docs_passes(setup, capsys):
+    group.process_group(setup)
+    out = capsys.readouterr().out
+    assert out.startswith("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs")
+    given = setup in (setup_accelerator_device_id, setup_mapping)
+    assert ("device_id=cuda:1 given (optional:" if given else "no device_id (optional: with it NCCL connects") in out
+
+
+def test_a_backend_hard_coded_for_one_device_names_the_rule_not_the_other_backend():
+    """A per-device string that lacks the GPU's entry is named as the one-backend string is: the same fix."""
+    def setup(timeout):
+        device = torch.device("cuda", 1) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo", timeout=timedelta(seconds=timeout))
+        return device
+
+    with pytest.raises(common.CheckFailed, match=re.escape(
+            "on a node with 2 GPUs setup joined with backend 'cpu:gloo', which has no nccl for cuda tensors: join with "
+            "the backend for the device, dist.get_default_backend_for_device(device)")):
+        group.process_group(setup)
+
+
 def test_a_join_without_timeout_passes_with_a_note(capsys):
     group.process_group(setup_with((CPU_INIT, '        dist.init_process_group("gloo")\n')))
-    assert "(note: without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer)" \
+    assert "; without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer\n" \
         in capsys.readouterr().out
 
 
@@ -71,9 +151,11 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
     ([("        torch.cuda.set_device(device)\n", "")],
      "as local rank 1 on a node with 2 GPUs, setup never called torch.cuda.set_device"),
     ([(CPU_INIT, CPU_INIT.replace('"gloo"', '"nccl"'))],
-     "on a machine without GPUs setup joined with backend 'nccl': use 'gloo'"),
+     "on a machine without GPUs setup joined with backend 'nccl', which has no gloo for cpu tensors: join with the "
+     "backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo on a CPU)"),
     ([(GPU_INIT, GPU_INIT.replace('"nccl",', '"gloo",'))],
-     "on a node with 2 GPUs setup joined with backend 'gloo': use 'nccl'"),
+     "on a node with 2 GPUs setup joined with backend 'gloo', which has no nccl for cuda tensors: join with the "
+     "backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo on a CPU)"),
     ([(GPU_INIT, '        dist.init_process_group("nccl", store=dist.HashStore(), device_id=device)\n')],
      "init_process_group got store= but not both rank= and world_size=: with a store torch needs all three"),
     ([(GPU_INIT, GPU_INIT.replace("device_id=device", 'device_id=torch.device("cuda", int(os.environ["RANK"]))'))],
@@ -103,14 +185,16 @@ RESULTS = [{"all_gather": torch.tensor([1.0, 2.0, 10.0, 20.0]), "all_reduce": to
 
 
 @pytest.mark.parametrize(("predicted", "said"), [
-    ({"all_gather": [1.0, 2.0, 10.0, 20.0]}, "\N{CHECK MARK} all_gather: you predicted [1.0, 2.0, 10.0, 20.0], rank 1 got "
-                                              "[1.0, 2.0, 10.0, 20.0]\n"),
-    ({"all_gather": [[1, 2], [10, 20]]}, "\N{CHECK MARK} all_gather: you predicted [[1, 2], [10, 20]], rank 1 got "
-                                         "[1.0, 2.0, 10.0, 20.0] (read as one list, rank 0's values first: the cell "
-                                         "returns the gathered tensors concatenated)\n"),
-    ({"all_reduce": "eleven"}, "\N{BALLOT X} all_reduce: your prediction 'eleven' is not a list of numbers; rank 1 got "
-                               "[11.0, 22.0]\n"),
-], ids=["flat", "a_list_per_rank", "not_numbers"])
+    ({"all_gather": [1.0, 2.0, 10.0, 20.0]}, "\N{CHECK MARK} all_gather: you predicted [1.0, 2.0, 10.0, 20.0], "
+                                              "measured [1.0, 2.0, 10.0, 20.0] on rank 1\n"),
+    ({"all_gather": [[1, 2], [10, 20]]}, "\N{CHECK MARK} all_gather: you predicted [[1, 2], [10, 20]], measured "
+                                         "[1.0, 2.0, 10.0, 20.0] on rank 1; read as one list, rank 0's values first: the "
+                                         "cell returns the gathered tensors concatenated\n"),
+    ({"all_reduce": "eleven"}, "\N{BALLOT X} all_reduce: you predicted 'eleven', measured [11.0, 22.0] on rank 1; not a "
+                               "list of numbers\n"),
+    ({"all_reduce": [11, 21]}, "\N{BALLOT X} all_reduce: you predicted [11, 21], measured [11.0, 22.0] on rank 1\n"),
+    ({"all_reduce": None}, "\N{BALLOT X} all_reduce: no prediction, measured [11.0, 22.0] on rank 1\n"),
+], ids=["flat", "a_list_per_rank", "not_numbers", "wrong", "none"])
 def test_a_prediction_of_any_shape_is_judged_in_one_line_never_raised(predicted, said, capsys):
     group.collectives_prediction(predicted, RESULTS)
     assert capsys.readouterr().out == said

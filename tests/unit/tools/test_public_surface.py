@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import REPO
 
 TREES = ("workshop_lib", "tools", "tests", "benchmarks")
-PATCHERS = {"patched", "setattr", "patch.object", "monkeypatch.setattr", "mock.patch.object"}
+PATCHERS = {"setattr", "patch.object", "monkeypatch.setattr", "mock.patch.object"}
 
 
 def _sources() -> list[tuple[str, str]]:

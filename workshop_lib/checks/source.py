@@ -1,5 +1,6 @@
-"""Causes read from the script's text (which function holds a line, a loop left under a rank test...): they explain
-a mistake the run showed, or show what a CPU run cannot (``device_ids`` on a GPU node)."""
+"""Causes read from the script's text (which function holds a line, a destroy outside a finally): they explain a
+mistake the run showed, or show what a CPU run cannot (``device_ids`` on a GPU node). What runs on some ranks alone
+is :mod:`branches`'."""
 
 from __future__ import annotations
 
@@ -24,20 +25,6 @@ def function_at(text: str, line: int | None) -> str | None:
         if inside and (found is None or node.lineno > found.lineno):
             found = node
     return found.name if found else None
-
-
-def rank_decision(text: str) -> tuple[str, int, str, int] | None:
-    """('break' | 'return', its line, the test, the test's line) of a loop's exit under an ``if`` about the rank."""
-    tree = _tree(text)
-    for loop in ast.walk(tree) if tree is not None else ():
-        if not isinstance(loop, ast.For | ast.While):
-            continue
-        for node in ast.walk(loop):
-            if isinstance(node, ast.If) and "rank" in ast.unparse(node.test):
-                for stop in ast.walk(node):
-                    if isinstance(stop, ast.Break | ast.Return):
-                        return type(stop).__name__.lower(), stop.lineno, ast.unparse(node.test), node.lineno
-    return None
 
 
 def destroy_outside_finally(source: str) -> int | None:

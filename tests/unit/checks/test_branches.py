@@ -1,0 +1,77 @@
+"""What runs on some ranks alone, read from a script's text: the rank conditions a learner writes, and the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from workshop_lib.checks import branches
+
+SCRIPT = """\
+import os
+import torch.distributed as dist
+
+def main(cfg):
+    rank = dist.get_rank()
+    is_main = rank == 0
+    resume_from = to_resume(cfg, rank)
+    report = Reporter(cfg) if rank == 0 else None
+    if resume_from is not None:
+        load(resume_from)
+    for epoch in range(cfg.epochs):
+        train()
+        if rank == 0:
+            evaluate()
+            if epoch > 2:
+                dist.barrier()
+        else:
+            idle()
+        if is_main:
+            save()
+        if dist.get_rank() == 1:
+            one()
+        if int(os.environ["RANK"]) > 0:
+            others()
+        if epoch > 0:
+            report.epoch(epoch)
+"""
+
+
+def at(text: str) -> int:
+    return next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("evaluate()", (at("if rank == 0:"), "rank == 0")),
+    ("dist.barrier()", (at("if rank == 0:"), "rank == 0")),  # the innermost if about the rank, not `epoch > 2`
+    ("idle()", (at("if rank == 0:"), "rank == 0")),  # the else branch: the other ranks alone
+    ("save()", (at("if is_main:"), "is_main")),  # a name assigned from a test of the rank
+    ("one()", (at("if dist.get_rank() == 1:"), "dist.get_rank() == 1")),
+    ("others()", (at("if int(os.environ"), "int(os.environ['RANK']) > 0")),
+    ("Reporter(cfg)", (at("Reporter(cfg)"), "rank == 0")),  # a conditional expression
+    ("train()", None),
+    ("load(resume_from)", None),  # a call given the rank is not the rank: resume_from is every rank's
+    ("report.epoch(epoch)", None),  # `if epoch > 0:` is about the epoch
+    ("if rank == 0:", None),  # the test itself runs on every rank
+], ids=["if_rank", "innermost", "else", "is_main", "get_rank", "environ", "if_expression", "every_rank",
+        "given_the_rank", "not_the_rank", "the_test"])
+def test_rank_condition_is_the_innermost_if_about_the_rank(line, expected):
+    assert branches.rank_condition(SCRIPT, at(line)) == expected
+
+
+def test_a_name_set_only_under_a_rank_condition_is_found_from_the_line_that_reads_it():
+    line = at("report.epoch(epoch)")
+    assert branches.names_read(SCRIPT, line) == ["report", "epoch"]
+    assert branches.set_under_rank(SCRIPT, line, "report") == (at("Reporter(cfg)"), "rank == 0")
+    assert branches.set_under_rank(SCRIPT, line, "resume_from") is None
+    assert branches.set_under_rank(SCRIPT, line, "epoch") is None  # the loop sets it on every rank
+
+
+def test_a_loops_exit_under_a_rank_condition_is_found():
+    early = SCRIPT.replace("            evaluate()\n", "            evaluate()\n            break\n")
+    assert branches.rank_exit(SCRIPT) is None
+    assert branches.rank_exit(early) == ("break", at("evaluate()") + 1, "rank == 0", at("if rank == 0:"))
+
+
+def test_a_script_that_does_not_parse_has_no_conditions():
+    assert branches.rank_condition("if rank == 0\n    x()\n", 2) is None
+    assert branches.names_read("x(", 1) == []

@@ -13,7 +13,8 @@ import ast
 _CASTS = ("int", "str", "bool", "float")
 
 
-def _tree(source: str) -> ast.Module | None:
+def parse(source: str) -> ast.Module | None:
+    """The script's tree; None if it does not parse."""
     try:
         return ast.parse(source)
     except SyntaxError:
@@ -76,7 +77,7 @@ def _conditions(tree: ast.AST) -> list[tuple[ast.AST, range]]:
 def rank_condition(source: str, line: int | None) -> tuple[int, str] | None:
     """(the ``if``'s line, its test) of the innermost ``if`` around ``line`` whose test depends on the rank; None if
     every rank runs the line (as far as the text shows)."""
-    tree = _tree(source)
+    tree = parse(source)
     if tree is None or not line:
         return None
     around = [node for node, lines in _conditions(tree) if line in lines]
@@ -86,7 +87,7 @@ def rank_condition(source: str, line: int | None) -> tuple[int, str] | None:
     return inner.lineno, ast.unparse(inner.test)
 
 
-def _scope(tree: ast.Module, line: int) -> ast.AST:
+def scope(tree: ast.Module, line: int) -> ast.AST:
     """The innermost function around ``line``, else the module."""
     around = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
               and n.lineno <= line <= n.end_lineno]
@@ -101,10 +102,10 @@ def _assigned(node: ast.AST) -> list[str]:
 def set_under_rank(source: str, line: int | None, name: str) -> tuple[int, str] | None:
     """(the condition's line, its test) when each assignment of ``name`` before ``line``, in the function around it,
     is under a rank condition or chooses by one (``x = f() if rank == 0 else None``); else None."""
-    tree = _tree(source)
+    tree = parse(source)
     if tree is None or not line:
         return None
-    sets = [n.lineno for n in ast.walk(_scope(tree, line)) if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
+    sets = [n.lineno for n in ast.walk(scope(tree, line)) if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign)
             and n.lineno < line and name in _assigned(n)]
     conditions = [rank_condition(source, at) for at in sets]
     return conditions[-1] if sets and all(conditions) else None
@@ -112,7 +113,7 @@ def set_under_rank(source: str, line: int | None, name: str) -> tuple[int, str] 
 
 def names_read(source: str, line: int | None) -> list[str]:
     """The names that the simple statement at ``line`` reads, in order, each once."""
-    tree = _tree(source)
+    tree = parse(source)
     if tree is None or not line:
         return []
     simple = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
@@ -123,7 +124,7 @@ def names_read(source: str, line: int | None) -> list[str]:
 
 def rank_exit(source: str) -> tuple[str, int, str, int] | None:
     """('break' | 'return', its line, the test, the test's line) of a loop's exit under a rank condition."""
-    tree = _tree(source)
+    tree = parse(source)
     for loop in ast.walk(tree) if tree is not None else ():
         for stop in ast.walk(loop) if isinstance(loop, ast.For | ast.While) else ():
             found = rank_condition(source, stop.lineno) if isinstance(stop, ast.Break | ast.Return) else None

@@ -64,15 +64,12 @@ class Recorder:
         self.losses: list[list[float]] = []  # [loss, molecules] of each training batch since the last step
         self.ddp_forwards = self.bypasses = self.backwards = self.steps = 0
         self.in_ddp = 0  # > 0 while a DDP wrapper's forward runs
-        self.bypass_line: int | None = None  # the first training forward that went around the wrapper
         self.main, self.pid = threading.get_ident(), os.getpid()
 
     def add(self, kind: str, line: bool = True, **data) -> dict:
-        """Append an event; ``line``: with the learner's line that led to it (and, for a call, the lines that called)."""
+        """Append an event; ``line``: with the learner's line that led to it, and the lines that called that one."""
         at, via = _where() if line else (None, [])
-        if kind in ("collective", "backward") and via:
-            data["via"] = via
-        event = {"kind": kind, "line": at, "t": round(time.time(), 3), **data}
+        event = {"kind": kind, "line": at, "t": round(time.time(), 3), **data, **({"via": via} if via else {})}
         self.events.append(event)
         if self._file is not None:
             self._file.write(json.dumps(event, default=str) + "\n")
@@ -259,11 +256,8 @@ def _ddp_init(rec: Recorder, real):
         def inner(module, inputs):  # the plain model's forward: inside the wrapper's, or around it
             if rec.in_ddp == 0 and torch.is_grad_enabled() and module.training:
                 rec.bypasses += 1
-                if rec.bypass_line is None:
-                    mine = frames.users(traceback.extract_stack(), core_is_library=True)[-2:]
-                    rec.bypass_line = mine[-1].lineno if mine else None
-                    rec.add("bypass", line=False, at=rec.bypass_line, function=mine[-1].name if mine else None,
-                            called_from=mine[0].lineno if len(mine) > 1 else None)
+                if rec.bypasses == 1:  # the first training forward that went around the wrapper
+                    rec.add("bypass")
         self.register_forward_pre_hook(before)
         self.register_forward_hook(after)
         self.module.register_forward_pre_hook(inner)

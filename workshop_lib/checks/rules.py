@@ -201,11 +201,14 @@ def _calls(events: list[dict]) -> list[dict]:
     return found
 
 
+def _line_of(case: Case, event: dict) -> str:
+    """'line 78 (in replica_spread, called at line 107)': where the learner's code led to ``event``."""
+    via, name = event.get("via") or [], source.function_at(case.source, event.get("line"))
+    return f"line {event.get('line')}" + (f" (in {name}, called at line {via[-1]})" if len(via) > 1 and name else "")
+
+
 def _said(case: Case, call: dict) -> str:
-    """'all_gather at line 78 (in replica_spread, called at line 107)'."""
-    via, name = call.get("via") or [], source.function_at(case.source, call.get("line"))
-    inner = f" (in {name}, called at line {via[-1]})" if len(via) > 1 and name else ""
-    return f"{call_name(call)} at line {call.get('line')}{inner}"
+    return f"{call_name(call)} at {_line_of(case, call)}"
 
 
 def _under_rank(case: Case, call: dict) -> tuple[int, int, str] | None:
@@ -405,10 +408,7 @@ def replicas(case: Case) -> str | None:
                     f"its own gradients; wrap it (model = DDP(model)) and train through the wrapper")
         bypass = _of(events, "bypass")
         if bypass and not sum(s["ddp_forwards"] for s in steps(events)):
-            b = bypass[0]
-            where = f"line {b['at']}" + (f" (in {b['function']}, called at line {b['called_from']})"
-                                         if b.get("called_from") else "")
-            return (f"{drift}: the training forward at {where} calls the model inside the wrapper "
+            return (f"{drift}: the training forward at {_line_of(case, bypass[0])} calls the model inside the wrapper "
                     f"(model.module, or another name for it), so DDP never saw the batch and backward() did not "
                     f"average the gradients; compute the loss through the DDP wrapper")
     for events in case.ranks.values():

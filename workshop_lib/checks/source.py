@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import ast
 
-
-def _tree(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except SyntaxError:
-        return None
+from workshop_lib.checks.branches import parse, scope
 
 
 def function_at(text: str, line: int | None) -> str | None:
     """The name of the innermost function of the script that holds ``line``."""
-    tree = _tree(text)
-    if tree is None or not line:
-        return None
-    found = None
-    for node in ast.walk(tree):
-        inside = isinstance(node, ast.FunctionDef) and node.lineno <= line <= (node.end_lineno or node.lineno)
-        if inside and (found is None or node.lineno > found.lineno):
-            found = node
-    return found.name if found else None
+    tree = parse(text)
+    return getattr(scope(tree, line), "name", None) if tree is not None and line else None
 
 
 def destroy_outside_finally(source: str) -> int | None:
@@ -60,7 +48,7 @@ def _global_rank_names(tree: ast.Module) -> set[str]:
 
 def global_rank_device_ids(text: str) -> tuple[int, str] | None:
     """(line, expression) of a ``device_ids=`` that names the global rank (dist.get_rank(), RANK, or a name for it)."""
-    tree = _tree(text)
+    tree = parse(text)
     if tree is None:
         return None
     ranks = _global_rank_names(tree)

@@ -366,8 +366,8 @@ def test_a_hang_without_the_watch_names_where_each_waited():
 def test_ranks_with_different_splits_are_named():
     run = changed({"kind": "splits"}, {"train": {"n": N, "fp": "beef"}}, on=(1,))
     assert rules.same_split(case(run)) == ("rank 1's training split is not rank 0's (their molecules differ: "
-                                                "fingerprint beef against f00d): every rank must load the same split, "
-                                                "and a DistributedSampler gives each its share of it")
+                                           "fingerprint beef against f00d): every rank must load the same split, "
+                                           "and a DistributedSampler gives each its share of it")
 
 
 @pytest.mark.parametrize(("reads", "expected"), [
@@ -417,15 +417,15 @@ def test_drifting_replicas_are_named_with_their_cause():
     run = good_run()
     run.params[1] = [np.array([1, 1, 1.5], np.float32)] * 2
     assert rules.replicas(case(run)) == ("the replicas differ by up to 0.5 after step 1: every rank must take the "
-                                              "same step (the gradients averaged by DDP, the same optimizer settings)")
+                                         "same step (the gradients averaged by DDP, the same optimizer settings)")
     unwrapped = changed({"kind": "ddp"}, drop=True, run=run)
     assert rules.replicas(case(unwrapped)).startswith("rank 0 never wrapped its model in DistributedDataParallel: "
-                                                           "the replicas differ by up to 0.5 after step 1")
+                                                      "the replicas differ by up to 0.5 after step 1")
     around = changed({"kind": "step"}, {"ddp_forwards": 0}, run=run)
     for r in (0, 1):
-        around.ranks[r].insert(5, ev("bypass", None, at=69, function="train_epoch", called_from=98))
-    assert "the training forward at line 69 (in train_epoch, called at line 98) calls the model inside the wrapper" \
-        in rules.replicas(case(around))
+        around.ranks[r].insert(5, ev("bypass", line("model(tokens, lengths)"), via=[128, 98]))
+    assert f"the training forward at line {line('model(tokens, lengths)')} (in train_epoch, called at line 98) " \
+           "calls the model inside the wrapper" in rules.replicas(case(around))
 
 
 def test_spreads_are_measured_after_each_step_every_rank_took():
@@ -494,14 +494,14 @@ def test_every_rank_leaves_the_group_on_every_rank_in_a_finally():
         "rank 1 never called dist.destroy_process_group")
     outside = SOURCE.replace("    finally:\n        dist.destroy_process_group()", "    finally:\n        pass\n"
                              "    dist.destroy_process_group()")
-    assert rules.left_the_group(case(source=outside)).startswith(f"dist.destroy_process_group() at line {DESTROY + 1} is "
-                                                               "not in a finally")
+    assert rules.left_the_group(case(source=outside)).startswith(
+        f"dist.destroy_process_group() at line {DESTROY + 1} is not in a finally")
 
 
 def test_device_ids_of_the_global_rank_are_read_from_the_script():
     wrong = SOURCE.replace("device_ids=[device.index] if", "device_ids=[rank] if")
     assert rules.device_ids(case(source=wrong)).startswith(f"device_ids at line {WRAP} ([rank] if device.type == "
-                                                                "'cuda' else None) names the global rank")
+                                                           "'cuda' else None) names the global rank")
     assert rules.device_ids(case()) is None
 
 

@@ -85,17 +85,22 @@ def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: 
 
 
 def _set_epoch_cause(ranks: dict[int, list[dict]], split: str) -> str:
-    """Why the order repeated though the sampler shuffles: set_epoch never called, given a repeated number, or called
-    after the loader was read (from each pass's epoch of the sampler and each set_epoch's argument)."""
+    """Why the order repeated though the sampler shuffles: set_epoch never called, given the same number before each
+    pass, or called only after the loader was read (from each set_epoch's argument and each pass's epoch)."""
     for _, ev in sorted(ranks.items()):
-        calls, passes = _of(ev, "set_epoch", split=split), _of(ev, "pass", split=split)
-        if not calls:
+        if not _of(ev, "set_epoch", split=split):
             return ("sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch) at the start of "
                     "every epoch, before the loader is read")
-        given = [c["epoch"] for c in calls]
-        if len(set(given)) < len(given):
+        last, before, passes = None, [], []  # the last set_epoch before each pass, and the passes
+        for e in (e for e in ev if e["kind"] in ("set_epoch", "pass") and e.get("split") == split):
+            if e["kind"] == "pass":
+                passes.append(e)
+                before.append(last)
+            last = e if e["kind"] == "set_epoch" else last
+        given = [c["epoch"] for c in before if c is not None]
+        if len(given) == len(passes) and len(set(given)) < len(given):
             return (f"set_epoch was called with {', '.join(map(str, given))} in epochs "
-                    f"{', '.join(str(e + 1) for e in range(len(given)))}{_at(calls[0])}: pass the epoch number, "
+                    f"{', '.join(str(k + 1) for k in range(len(given)))}{_at(before[-1])}: pass the epoch number, "
                     f"sampler.set_epoch(epoch)")
         late = next((p for e, p in enumerate(passes) if p.get("sampler_epoch") not in (None, e)), None)
         if late is not None:

@@ -386,6 +386,16 @@ def test_reads_are_judged_disjoint_covering_and_reordered(reads, expected):
     assert shards.read_mistake(reads, n, 2, "items") == expected
 
 
+def _set_epoch_after_reading() -> Run:
+    """Each epoch's set_epoch(epoch) called after its pass: the passes read the sampler at epochs 0 and 0."""
+    run = changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0})
+    for events in run.ranks.values():
+        for e in [e for e in events if e["kind"] == "set_epoch"]:
+            i = events.index(e)
+            events.insert(i + 1, events.pop(i))  # after the pass that followed it
+    return run
+
+
 @pytest.mark.parametrize(("run", "expected"), [
     (changed({"kind": "sampler"}, drop=True), "no DistributedSampler was built over the data"),
     (changed({"kind": "pass", "split": "train"}, {"sampler": "RandomSampler", "sampler_id": None}),
@@ -404,10 +414,13 @@ def test_reads_are_judged_disjoint_covering_and_reordered(reads, expected):
      "sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch)"),
     (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}),
      f"in epoch 2 the loader (line {READ}) read the sampler while it was still set to epoch 0"),
+    (_set_epoch_after_reading(),
+     f"in epoch 2 the loader (line {READ}) read the sampler while it was still set to epoch 0"),
     (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}, run=changed({"kind": "set_epoch"}, {"epoch": 0})),
      f"set_epoch was called with 0, 0 in epochs 1, 2 (line {SET_EPOCH}): pass the epoch number, "
      "sampler.set_epoch(epoch)"),
-], ids=["none", "not_drawn_from", "one_replica", "local_rank", "seeds", "no_shuffle", "no_set_epoch", "late", "constant"])
+], ids=["none", "not_drawn_from", "one_replica", "local_rank", "seeds", "no_shuffle", "no_set_epoch", "late",
+        "late_in_order", "constant"])
 def test_the_cause_of_a_sharding_mistake_comes_from_how_the_sampler_was_built(run, expected):
     kind = "same_order" if "shuffle" in expected or "epoch" in expected else "overlap"
     assert shards.cause(kind, run.ranks, "train", WORLD).startswith(expected)

@@ -1,130 +1,177 @@
-"""The rank-dependent branches of a learner's code, read from its text: the ``if`` about the rank that holds a line,
-and a name set only under one (``None`` on the other ranks). Both checkers name the cause with these."""
+"""Which lines of a script run on some ranks alone, read from its text: the ``if`` tests that depend on the rank.
+
+A test depends on the rank when it mentions one: a name or attribute with ``rank`` in it (``rank``,
+``dist.get_rank()``, ``cfg.local_rank``), the variable ``"RANK"`` of the environment, or a name assigned from
+those (``is_main = rank == 0``, ``report = Reporter(...) if rank == 0 else None``). A call that is merely given
+the rank (``to_resume(cfg, rank)``) does not make its result the rank's.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
 
-_NONE_ATTRIBUTE = re.compile(r"'NoneType' object has no attribute '(\w+)'")
+_CASTS = ("int", "str", "bool", "float")
 
 
-def _tree(source: str) -> ast.Module | None:
+def parse(source: str) -> ast.Module | None:
+    """The script's tree; None if it does not parse."""
     try:
         return ast.parse(source)
     except SyntaxError:
         return None
 
 
-def _rank_names(tree: ast.AST) -> set[str]:
-    """Names that stand for a rank test: ``rank``-like names, and names assigned from an expression about the rank
-    (``master_process = rank == 0``)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Compare | ast.BoolOp | ast.UnaryOp) \
-                and _about_rank(node.value, set()):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-    return names
-
-
-def _about_rank(test: ast.AST, aliases: set[str]) -> bool:
-    """The expression reads a rank: a name or attribute with "rank" in it, a call of get_rank(), or an alias."""
-    for node in ast.walk(test):
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-        if name is not None and ("rank" in name.lower() or name in aliases):
+def _mentions(expr: ast.AST, names: set[str]) -> bool:
+    """Does ``expr`` read the rank anywhere in it?"""
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Name) and (n.id in names or "rank" in n.id.lower()):
+            return True
+        if isinstance(n, ast.Attribute) and "rank" in n.attr.lower():
+            return True
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith("RANK"):
             return True
     return False
 
 
-def _conditions(tree: ast.AST) -> list[tuple[ast.AST, list[ast.stmt] | ast.expr, str]]:
-    """(the ``if`` or ``x if c else y`` node, the part it guards, its test as written) for each test about the rank;
-    an ``else`` part is guarded by the test negated."""
-    aliases = _rank_names(tree)
+def _is_rank(value: ast.AST, names: set[str]) -> bool:
+    """Is ``value`` the rank, a test of it, or a choice made by one (what makes the name it is assigned to the rank's)?"""
+    if isinstance(value, ast.Compare | ast.BoolOp | ast.UnaryOp | ast.Name | ast.Attribute | ast.Subscript):
+        return _mentions(value, names)
+    if isinstance(value, ast.IfExp):
+        return _mentions(value.test, names)
+    if isinstance(value, ast.Call):
+        func = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+        return "rank" in func.lower() or (func in _CASTS and any(_is_rank(a, names) for a in value.args))
+    return False
+
+
+def rank_names(tree: ast.AST) -> set[str]:
+    """The names that hold the rank, a test of it, or a value chosen by one (to a fixpoint)."""
+    names: set[str] = set()
+    while True:
+        before = len(names)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+                continue
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            pairs = [(target, node.value)]
+            if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs = list(zip(target.elts, node.value.elts, strict=False))
+            names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_rank(v, names)}
+        if len(names) == before:
+            return names
+
+
+def _conditions(tree: ast.AST) -> list[tuple[ast.AST, range, str]]:
+    """Each branch of an ``if`` (statement or expression) whose test is about the rank: the node, the lines the
+    branch holds, and the test it runs under (an ``else`` branch's is the test negated)."""
+    names = rank_names(tree)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.If | ast.IfExp) and _about_rank(node.test, aliases):
-            test = ast.unparse(node.test)
-            found.append((node, node.body, test))
-            if node.orelse:
-                found.append((node, node.orelse, f"not ({test})"))
+        if not isinstance(node, ast.If | ast.IfExp) or not _mentions(node.test, names):
+            continue
+        test = ast.unparse(node.test)
+        for part, holds in ((node.body, test), (node.orelse, f"not ({test})")):
+            if not part:
+                continue
+            first, last = (part[0], part[-1]) if isinstance(part, list) else (part, part)
+            found.append((node, range(first.lineno, last.end_lineno + 1), holds))
     return found
 
 
-def _span(part: list[ast.stmt] | ast.expr) -> tuple[int, int]:
-    first, last = (part[0], part[-1]) if isinstance(part, list) else (part, part)
-    return first.lineno, last.end_lineno or last.lineno
-
-
-def rank_condition(source: str, line: int) -> tuple[int, str] | None:
-    """(the ``if``'s line, its test) of the innermost condition about the rank whose branch holds ``line`` of
-    ``source``; None where no such condition holds it (or the source does not parse)."""
-    tree = _tree(source)
-    if tree is None:
+def rank_condition(source: str, line: int | None) -> tuple[int, str] | None:
+    """(the ``if``'s line, the test the line runs under) of the innermost ``if`` around ``line`` whose test depends
+    on the rank; None if every rank runs the line (as far as the text shows)."""
+    tree = parse(source)
+    if tree is None or not line:
         return None
-    holding = [(node, test) for node, part, test in _conditions(tree)
-               if _span(part)[0] <= line <= _span(part)[1]]
-    if not holding:
+    around = [(node, holds) for node, lines, holds in _conditions(tree) if line in lines]
+    if not around:
         return None
-    node, test = max(holding, key=lambda found: found[0].lineno)
-    return node.lineno, test
+    inner, holds = max(around, key=lambda found: (found[0].lineno, found[0].col_offset))
+    return inner.lineno, holds
 
 
-def _function_at(tree: ast.Module, line: int) -> ast.AST:
-    """The innermost function that holds ``line``, else the module."""
-    found: ast.AST = tree
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
-                node.lineno <= line <= (node.end_lineno or node.lineno) and node.lineno > getattr(found, "lineno", 0):
-            found = node
-    return found
+def scope(tree: ast.Module, line: int) -> ast.AST:
+    """The innermost function around ``line``, else the module."""
+    around = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+              and n.lineno <= line <= n.end_lineno]
+    return max(around, key=lambda n: n.lineno, default=tree)
 
 
-def _only_under_rank(scope: ast.AST, name: str, source: str) -> tuple[int, int, str] | None:
-    """(the assignment's line, the condition's line, its test) where ``name`` gets a value other than None only
-    under a condition about the rank; None where it is also set on every rank."""
-    guarded = []
-    for node in ast.walk(scope):
-        if not (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)):
+def _assigned(node: ast.AST) -> list[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+
+
+def set_under_rank(source: str, line: int | None, name: str) -> tuple[int, str] | None:
+    """(the condition's line, its test) when ``name`` gets a value other than None, before ``line`` in the function
+    around it, only under a rank condition (``if rank == 0: x = ...``, ``x = f() if rank == 0 else None``); None
+    where some rank-free line sets it, or both branches of one rank test do."""
+    tree = parse(source)
+    if tree is None or not line:
+        return None
+    found = []
+    for node in ast.walk(scope(tree, line)):
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.lineno >= line or name not in _assigned(node):
             continue
         value = node.value
         if _is_none(value):
-            continue  # the placeholder of the other ranks
+            continue  # the other ranks' placeholder
         if isinstance(value, ast.IfExp) and (_is_none(value.body) or _is_none(value.orelse)):
-            found = rank_condition(source, value.orelse.lineno if _is_none(value.body) else value.body.lineno)
+            where = rank_condition(source, (value.orelse if _is_none(value.body) else value.body).lineno)
         else:
-            found = rank_condition(source, node.lineno)
-        if found is None:
-            return None  # set on every rank somewhere: not the cause
-        guarded.append((node.lineno, *found))
-    tests = {(where, test) for _, where, test in guarded}
-    if any((where, f"not ({test})") in tests for where, test in tests):
-        return None  # set in both branches of one rank test: on every rank
-    return min(guarded) if guarded else None
+            where = rank_condition(source, node.lineno)
+        if where is None:
+            return None  # set on every rank
+        found.append(where)
+    if any((at, f"not ({test})") in found for at, test in found):
+        return None  # both branches of one test set it: every rank has it
+    return found[-1] if found else None
 
 
-def _is_none(node: ast.AST) -> bool:
+def _is_none(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def none_on_rank(source: str, line: int, message: str, rank: int | None = None) -> str | None:
-    """The cause of torch's or Python's "'NoneType' object has no attribute 'x'" raised at ``line`` of ``source``: the
-    name read there that is set only under a condition about the rank, said in one line with its fix; else None."""
-    attribute = _NONE_ATTRIBUTE.search(message or "")
-    tree = _tree(source)
-    if attribute is None or tree is None:
+def unset_on_rank(source: str, line: int | None, error: str, message: str, rank: int | None = None) -> str | None:
+    """The setup of a crash at ``line``: a name the line reads that only a rank condition sets, so that it is None
+    (or unset) on ``rank``; one line with the fix, else None. ``error``: the exception's type name."""
+    if not line or ("NoneType" not in message and error not in ("NameError", "UnboundLocalError")):
         return None
-    scope = _function_at(tree, line)
-    read = [node for node in ast.walk(scope) if getattr(node, "lineno", None) == line]
-    # the name whose attribute is read first (x.world_size), then every other name the line reads (f(x))
-    direct = [n.value.id for n in read if isinstance(n, ast.Attribute) and n.attr == attribute.group(1)
-              and isinstance(n.value, ast.Name)]
-    names = dict.fromkeys(direct + [n.id for n in read if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)])
+    lines = source.splitlines()
+    code = lines[line - 1] if 0 < line <= len(lines) else ""
+    attr = re.search(r"has no attribute '(\w+)'", message)
+    names = names_read(source, line)  # the one whose attribute failed first, then one the message names
+    names.sort(key=lambda n: (not attr or f"{n}.{attr.group(1)}" not in code, f"'{n}'" not in message))
     for name in names:
-        found = _only_under_rank(scope, name, source)
-        if found is not None:
-            assigned, where, test = found
+        found = set_under_rank(source, line, name)
+        if found and found != rank_condition(source, line):  # not inside the block that sets it
+            state = "is None" if "NoneType" in message else "is not set"
             who = f"rank {rank}" if rank is not None else "the other ranks"
-            at = f"line {where}" if assigned == where else f"line {where}; assigned at line {assigned}"
-            return (f"{name} is None on {who}: it is assigned only under `if {test}:` ({at}); create it on every "
-                    f"rank or use it under the same condition")
+            return (f"{name} {state} on {who}, set only where `{found[1]}` holds (line {found[0]}): run line {line} "
+                    f"under the same condition, or create {name} on every rank")
+    return None
+
+
+def names_read(source: str, line: int | None) -> list[str]:
+    """The names that the simple statement at ``line`` reads, in order, each once."""
+    tree = parse(source)
+    if tree is None or not line:
+        return []
+    simple = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+              and n.lineno <= line <= n.end_lineno]
+    found = [n for s in simple for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    return list(dict.fromkeys(n.id for n in sorted(found, key=lambda n: (n.lineno, n.col_offset))))
+
+
+def rank_exit(source: str) -> tuple[str, int, str, int] | None:
+    """('break' | 'return', its line, the test, the test's line) of a loop's exit under a rank condition."""
+    tree = parse(source)
+    for loop in ast.walk(tree) if tree is not None else ():
+        for stop in ast.walk(loop) if isinstance(loop, ast.For | ast.While) else ():
+            found = rank_condition(source, stop.lineno) if isinstance(stop, ast.Break | ast.Return) else None
+            if found and loop.lineno < found[0]:
+                return type(stop).__name__.lower(), stop.lineno, found[1], found[0]
     return None

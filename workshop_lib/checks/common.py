@@ -54,9 +54,7 @@ def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str
     no attribute" raised at ``line`` of ``filename`` (a notebook cell's too: IPython keeps its text in linecache)."""
     from workshop_lib.checks import branches
 
-    if "NoneType" not in message:
-        return None
-    return branches.none_on_rank(_text(filename), line, message, rank)
+    return branches.unset_on_rank(_text(filename), line, "AttributeError", message, rank)
 
 
 def _this_rank() -> int | None:

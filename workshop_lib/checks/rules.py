@@ -1,33 +1,41 @@
-"""From what every rank did to one line: first how the run ended (:data:`ENDINGS`), then the step's rules.
+"""The script checker's invariants over what every rank recorded: one table (:data:`RULES`), one judge each.
 
-No rule after the endings is asked about a run where a rank raised, left early, waited or was stopped, so no ✓
-comes from such a run. Each names the rank, where (file:line), and what the others waited in."""
+A judge measures its invariant on the record and, where it breaks, names the line, the cause (read from the
+record and from the script's text) and the fix in one line. :func:`first_mistake` asks them in the table's order:
+how the run went comes first (the script ran, the group formed, the sums hold, the collectives agree, nobody
+crashed), so that no later rule, and no ✓, is read from a run that did not end well. :func:`passed` builds the ✓
+line from the same measurements, so it states only what was measured.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib import metrics as core_metrics
-from workshop_lib.checks import source, torch_errors
-from workshop_lib.checks.recorder import _and, _at, _of, call_name, end, how, steps, waiting_in
+from workshop_lib.checks import branches, shards, source, torch_errors
+from workshop_lib.checks.recorder import _and, _at, _of, call_name, end, how, passes, split_sizes, spreads, steps, waiting_in
 from workshop_lib.checks.runner import Run
+from workshop_lib.debug.collectives import first_difference
+
+TOLERANCE = 1e-6  # the replicas' spread that counts as equal (DDP on CPU gives exactly 0.0)
+EVERY_COLLECTIVE = "every rank must call every collective, in the same order, or the others wait for it"
 
 
 @dataclass
 class Case:
-    """One run to judge: the records, the step, the script's text, and rank 0's metrics.json if it wrote one."""
+    """One run to judge: the records, the step (None: judge how the run went alone), the script's text, and rank
+    0's metrics.json if it wrote one."""
 
     run: Run
-    step: int
+    step: int | None
     epochs: int = 2
     source: str = ""
     name: str = "script.py"
     metrics: dict | None = None
-    out: Path | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def ranks(self) -> dict[int, list[dict]]:
@@ -36,6 +44,9 @@ class Case:
     def code(self, line: int | None) -> str:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if line and 0 < line <= len(lines) else ""
+
+    def ended_well(self) -> bool:
+        return all(how(events) == "ok" for events in self.ranks.values())
 
 
 def read_metrics(out: Path) -> dict | None:
@@ -46,33 +57,29 @@ def read_metrics(out: Path) -> dict | None:
         return None
 
 
-def _shorten(text: str, case: Case) -> str:
-    """The hang watch's line with the script's path as its name."""
-    return re.sub(r"\S*/" + re.escape(case.name), case.name, text)
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * max(1.0, abs(b))
 
 
-def open_todo(case: Case) -> str | None:
-    for events in case.ranks.values():
-        e = end(events)
-        if e and e.get("error") == "NotImplementedError":
-            return f"a TODO is still open{_at(e, 'at')}: fill it in (its line raises NotImplementedError)"
-    return None
+# ----------------------------------------------------------------------------- how the run went
 
 
-def stopped_on_input(case: Case) -> str | None:
+def started(case: Case) -> str | None:
+    """Every rank ran the script it was given: no TODO left open, no exit on its arguments."""
     for rank, events in sorted(case.ranks.items()):
-        e = end(events)
+        e = end(events) or {}
+        if e.get("error") == "NotImplementedError":
+            return f"a TODO is still open{_at(e, 'at')}: fill it in (its line raises NotImplementedError)"
         if how(events) == "exit":
             return f"rank {rank} stopped with exit code {e['code']}{_at(e, 'at')}: {e['message']}"
     return None
 
 
-def joining(case: Case) -> str | None:
-    """How each rank joined: at all, before using the group, as its own rank, with a backend for its device."""
+def joined(case: Case) -> str | None:
+    """Every rank joined one group, before using it, as its own rank, with the backend of its device."""
     for rank, events in sorted(case.ranks.items()):
         inits, e = _of(events, "init", phase="enter"), end(events) or {}
-        message = e.get("message") or ""
-        if not inits and "not been initialized" in message:
+        if not inits and "not been initialized" in (e.get("message") or ""):
             if "DistributedSampler" in case.code(e.get("at")):
                 return (f"the DistributedSampler{_at(e, 'at')} was built before the process group existed (torch: "
                         f"Default process group has not been initialized): build it after init_process_group")
@@ -83,14 +90,11 @@ def joining(case: Case) -> str | None:
                     f"in setup, before training")
         if inits and inits[0]["backend"] not in ("gloo", "None") and how(events) == "error":
             return (f"rank {rank} joined with backend {inits[0]['backend']}{_at(inits[0])} on a machine without GPUs: "
-                    f"use gloo for CPU tensors (nccl needs GPUs)")
-    given = {r: _of(ev, "init", phase="enter")[0].get("given_rank") for r, ev in case.ranks.items()
-             if _of(ev, "init", phase="enter")}
-    same: dict = {}
-    for rank, value in sorted(given.items()):
-        if value is not None:
-            same.setdefault(value, []).append(rank)
-    for value, who in same.items():
+                    f"use the backend of the device, gloo for CPU tensors (dist.get_default_backend_for_device(device) "
+                    f"picks it)")
+    given = {r: inits[0].get("given_rank") for r, ev in case.ranks.items() if (inits := _of(ev, "init", phase="enter"))}
+    for value in {v for v in given.values() if v is not None}:
+        who = sorted(r for r, v in given.items() if v == value)
         if len(who) > 1:
             call = _of(case.ranks[who[0]], "init", phase="enter")[0]
             return (f"ranks {_and(who)} all joined as rank {value} (init_process_group{_at(call)} got rank={value}, "
@@ -98,7 +102,217 @@ def joining(case: Case) -> str | None:
     return None
 
 
-def _barrier_cause(case: Case, rank: int, e: dict) -> str | None:
+def _held(case: Case, epoch: int) -> dict[int, tuple[float, int]]:
+    """Each rank's (summed loss, molecules) over its training batches of ``epoch``."""
+    held = {}
+    for r, events in case.ranks.items():
+        batches = [(loss, n) for s in steps(events) if s.get("epoch_pass") == epoch for loss, n in s["losses"]]
+        held[r] = (sum(loss * n for loss, n in batches), int(sum(n for _, n in batches)))
+    return held
+
+
+def _totals_call(case: Case, held: dict[int, tuple[float, int]], after: float) -> tuple[dict, str] | None:
+    """Rank 0's all_reduce that left ``after`` among its values, and what each value was: 'loss sum', 'molecules'."""
+    exits = {(r, x["seq"]): x.get("after") or [] for r, ev in case.ranks.items()
+             for x in _of(ev, "collective", name="all_reduce", phase="exit")}
+    for call in _of(case.ranks[0], "collective", name="all_reduce", phase="enter"):
+        if not any(_close(v, after) for v in exits.get((0, call["seq"]), [])):
+            continue
+        befores = {r: next((c.get("before") or [] for c in _of(ev, "collective", phase="enter", seq=call["seq"])), [])
+                   for r, ev in case.ranks.items()}
+        names = []
+        for i, _ in enumerate(call.get("before") or []):
+            mine = {r: b[i] if i < len(b) else math.nan for r, b in befores.items()}
+            names.append("molecules" if all(mine[r] == held[r][1] for r in mine) else
+                         "loss sum" if all(_close(mine[r], held[r][0]) for r in mine) else f"value {i + 1}")
+        return call, f"[{', '.join(names)}]"
+    return None
+
+
+def _logged_mistake(case: Case) -> str | None:
+    """The loss and the molecules rank 0 logged each epoch: the mean and the sum over every rank's batches."""
+    for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs]):
+        held = _held(case, e)
+        count = sum(n for _, n in held.values())
+        if not count:
+            continue
+        truth, own, logged = sum(s for s, _ in held.values()) / count, held[0][0] / max(held[0][1], 1), row["train_loss"]
+        if not _close(logged, truth):
+            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}; the mean over the {count} molecules every rank "
+                    f"trained on is {truth:.4f}")
+            ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
+                   if c.get("op") not in (None, "SUM", "AVG")
+                   and source.function_at(case.source, c.get("line")) != "check_all_reduce"]
+            if ops:
+                return f"{what}: the totals were all-reduced with op={ops[0]['op']}{_at(ops[0])}; sum them (ReduceOp.SUM)"
+            if _close(logged, own):
+                return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
+            return what
+        molecules = round(row["samples_per_second"] * row["seconds"]) if row.get("seconds") else count
+        if molecules != count:
+            said = f"rank 0 logs {molecules} molecules in epoch {e + 1}, the ranks trained on {count}"
+            found = _totals_call(case, held, molecules)
+            if found is None:
+                return f"{said}: count every rank's molecules, all_reduce the [loss sum, molecules] totals (ReduceOp.SUM)"
+            call, values = found
+            how_much = "halved" if 2 * molecules == count else f"{molecules} of {count}"
+            did = "averaged" if call.get("op") == "AVG" else f"reduced with op={call.get('op')}"
+            return (f"the all_reduce at line {call['line']} {did} {values} (op={call.get('op')}): the loss is right but "
+                    f"the molecule count is {how_much} ({said}), and every throughput figure with it: sum the totals "
+                    f"(ReduceOp.SUM)")
+    return None
+
+
+def _check_all_reduce_mistake(case: Case) -> str | None:
+    """check_all_reduce's all_reduce: each rank contributes rank + 1, and every rank gets the sum."""
+    world = len(case.ranks)
+    for rank, events in sorted(case.ranks.items()):
+        call = next((c for c in _of(events, "collective", name="all_reduce", phase="enter")
+                     if source.function_at(case.source, c.get("line")) == "check_all_reduce"), None)
+        if call is None:
+            continue
+        if call.get("op") not in (None, "SUM"):
+            return f"rank {rank} used op={call['op']}{_at(call)}: summing needs op=dist.ReduceOp.SUM"
+        if call.get("before") != [rank + 1.0]:
+            return (f"rank {rank} contributed {call.get('before')}{_at(call)}, expected [{rank + 1.0}]: each rank "
+                    f"contributes its rank + 1 (dist.get_rank() + 1)")
+        after = next((x.get("after") for x in _of(events, "collective", phase="exit", seq=call.get("seq"))), None)
+        if after is not None and after != [world * (world + 1) / 2]:
+            return f"rank {rank} got {after} from the all_reduce{_at(call)}, expected [{world * (world + 1) / 2}]"
+    return None
+
+
+def summed(case: Case) -> str | None:
+    """The sums: an all-reduce leaves every rank the sum of what the ranks held, and what rank 0 logs (the loss, the
+    molecules, every throughput figure) is the sum, or the mean where the name says so, over every rank's batches."""
+    if case.step in (2, 3, 4) and case.metrics and case.ended_well():
+        return _check_all_reduce_mistake(case) or _logged_mistake(case)
+    return _check_all_reduce_mistake(case)
+
+
+def _calls(events: list[dict]) -> list[dict]:
+    """This rank's collectives in the order it entered them; once it wrapped a model in DDP, its backward() calls
+    too (each all-reduces the gradients)."""
+    wrapped, found = False, []
+    for e in events:
+        wrapped |= e["kind"] == "ddp"
+        if e.get("phase") == "enter" and (e["kind"] == "collective" or (wrapped and e["kind"] == "backward")):
+            found.append(e)
+    return found
+
+
+def _line_of(case: Case, event: dict) -> str:
+    """'line 78 (in replica_spread, called at line 107)': where the learner's code led to ``event``."""
+    via, name = event.get("via") or [], source.function_at(case.source, event.get("line"))
+    return f"line {event.get('line')}" + (f" (in {name}, called at line {via[-1]})" if len(via) > 1 and name else "")
+
+
+def _said(case: Case, call: dict) -> str:
+    return f"{call_name(call)} at {_line_of(case, call)}"
+
+
+def _under_rank(case: Case, call: dict) -> tuple[int, int, str] | None:
+    """(the line, the if's line, its test): the innermost rank condition on the way to ``call``."""
+    for line in [call.get("line"), *reversed(call.get("via") or [])]:
+        found = branches.rank_condition(case.source, line)
+        if found:
+            return line, *found
+    return None
+
+
+def _shorten(text: str, case: Case) -> str:
+    """The hang watch's line with the script's path as its name."""
+    return re.sub(r"\S*/" + re.escape(case.name), case.name, text)
+
+
+def _waited(case: Case, ranks: list[int]) -> str:
+    """What ``ranks`` waited in, and how that ended: the hang watch's line where it saw it."""
+    watched = next((b["line"] for b in case.run.hang if b.get("missing")), None) or \
+        next((b["line"] for b in case.run.hang), None)
+    if watched:
+        return _shorten(watched, case)
+    said = []
+    for rank in ranks:
+        events = case.ranks[rank]
+        call = waiting_in(events) or next((c for c in reversed(_calls(events))), None)
+        e = end(events) or {}
+        where = f"{call_name(call)}{_at(call)}" if call else f"line {e['at']}" if e.get("at") else "its script"
+        then = {"lost": " until its connection to the others closed", "timed out": " until the group's timeout",
+                "stopped": " until the checker stopped it"}.get(how(events), "")
+        said.append(f"rank {rank} waited in {where}{then}")
+    return "; ".join(said)
+
+
+def _left_where(case: Case, rank: int) -> str:
+    events = case.ranks[rank]
+    destroy = _of(events, "destroy")
+    gone = f"; it left the group{_at(destroy[-1])}" if destroy else ""
+    return (f"after {len(passes(events, 'train'))} epoch(s) of {case.epochs} and {len(steps(events))} optimizer "
+            f"step(s){gone}")
+
+
+def _decision(case: Case, ranks_left: list[int]) -> str | None:
+    """Why some ranks left the loop: a value only rank 0 got (reduce) decided, or a break under a rank test."""
+    for events in case.ranks.values():
+        for c in _of(events, "collective", name="reduce", phase="enter"):
+            afters = {r: next((x.get("after") for x in _of(ev, "collective", phase="exit", seq=c.get("seq"))), None)
+                      for r, ev in case.ranks.items()}
+            if len({str(v) for v in afters.values()}) > 1:
+                kept = ", ".join(f"rank {r} [{', '.join(f'{x:.4g}' for x in v or [])}]" for r, v in sorted(afters.items()))
+                return (f"dist.reduce{_at(c)} delivers the result to one rank only ({kept}), yet every rank decided "
+                        f"from it: use dist.all_reduce where every rank uses the value")
+    stop = branches.rank_exit(case.source)
+    if stop is not None:
+        kind, at, test, where = stop
+        return (f"the {kind} at line {at} runs under `if {test}:` (line {where}), on rank {_and(ranks_left)} alone: "
+                f"a decision that ends the loop must be taken on every rank (share it first, with dist.broadcast or "
+                f"an all_reduce)")
+    return None
+
+
+def same_collectives(case: Case) -> str | None:
+    """The same collectives in the same order on every rank. At the first difference: each rank's call and line,
+    and the cause: a call under a rank condition, a rank that left the loop early, or one that skipped the call."""
+    calls = {r: _calls(ev) for r, ev in sorted(case.ranks.items())}
+    i = first_difference({r: [c.get("name", "backward") for c in cs] for r, cs in calls.items()})
+    stuck = [r for r, ev in sorted(case.ranks.items()) if how(ev) in ("lost", "timed out", "stopped")]
+    if i is None:
+        if not stuck or any(how(ev) == "error" for ev in case.ranks.values()):
+            return None
+        return f"the ranks stopped making progress ({_waited(case, stuck)}): {EVERY_COLLECTIVE}"
+    at = {r: cs[i] for r, cs in calls.items() if i < len(cs)}
+    without = [r for r in calls if r not in at]
+    ended = {"ok": " (it finished)", "error": " (it raised)"}
+    each = ", ".join(f"rank {r} called {_said(case, at[r])}" if r in at else
+                     f"rank {r} called nothing more{ended.get(how(case.ranks[r]), ' (it was elsewhere in its script)')}"
+                     for r in calls)
+    if any(how(case.ranks[r]) == "error" for r in without):
+        return None  # the rank that crashed called no more: the crash is the cause
+    for call in at.values():
+        found = _under_rank(case, call)
+        if found:
+            alone = [q for q, c in at.items() if (c.get("name"), c["line"]) == (call.get("name"), call["line"])]
+            line, if_line, test = found
+            return (f"the ranks' collectives first differ: {each}; line {line} runs under `if {test}:` (line "
+                    f"{if_line}), called by rank {_and(alone)} alone: call it on every rank, or move it out of the "
+                    f"block")
+    waited = f", while {_waited(case, stuck)}" if stuck or case.run.hang else ""
+    epochs = {r: len(passes(ev, "train")) for r, ev in case.ranks.items()}
+    early = [r for r, n in sorted(epochs.items())  # in the loop, then out of it before the others, or before its end
+             if n > 0 and (n < max(epochs.values()) or (r in without and n < case.epochs))]
+    why = _decision(case, early) if early else None
+    if early and (why or set(early) <= set(without)):
+        why = why or "a decision taken on some ranks alone ended their loop: every rank must run every epoch and step"
+        return f"rank {_and(early)} left the training loop early ({_left_where(case, early[0])}){waited}: {why}"
+    if without:
+        first, finished = next(iter(at)), all(how(case.ranks[r]) == "ok" for r in without)
+        return (f"rank {_and(without)} skipped the {call_name(at[first])} that rank {first} called at line "
+                f"{at[first].get('line')}{' and finished' if finished else ''}{waited}: every rank must call every "
+                f"collective, or the others wait for it")
+    return f"the ranks' collectives first differ: {each}: {EVERY_COLLECTIVE}"
+
+
+def _file_race(case: Case, rank: int, e: dict) -> str | None:
     """A file this rank loaded (and failed on: not there yet, or half written) that another rank saved in this run."""
     loads = _of(case.ranks[rank], "load")
     loaded = loads[-1].get("path") if loads else None
@@ -112,170 +326,229 @@ def _barrier_cause(case: Case, rank: int, e: dict) -> str | None:
     return None
 
 
-def crashed(case: Case) -> str | None:
-    """A rank that raised (not a peer that lost contact with it): the error, where, and a cause where one is known."""
-    for rank, events in sorted(case.ranks.items()):
-        if how(events) != "error":
-            continue
-        e = end(events)
-        barrier = _barrier_cause(case, rank, e)
-        if barrier:
-            return barrier
-        line = f"rank {rank} raised {e['error']}{_at(e, 'at')}: {e['message']}"
-        ids = re.search(r"device_ids (\[[^]]*\])", e["message"])
-        if ids:
-            return (f"rank {rank} raised {e['error']}{_at(e, 'at')}: DDP got device_ids={ids.group(1)} for a model on "
-                    f"the CPU; device_ids names a GPU: give none on CPU, [device.index] on a GPU")
-        if "set_epoch" in e["message"]:
-            return line + "; the loader's sampler must be the DistributedSampler: DataLoader(..., sampler=sampler)"
-        why = torch_errors.explain(e.get("detail") or e["message"])
-        kept = _kept_the_wrapper(case, e)
-        if kept:
-            return (f"{line.rstrip(':')} (its keys start with module.): the best weights were kept from DDP's wrapper, "
-                    f"line {kept} ({case.code(kept)}); keep the plain model's, model.module, and line {e.get('at')} "
-                    f"loads them as it is")
-        return f"{line.rstrip(':')}; {why}" if why else line
-    return None
+def _unset_on_rank(case: Case, rank: int, e: dict) -> str | None:
+    """A value the failing line reads that a rank condition sets, and this rank skipped: the setup of the crash."""
+    return branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank)
 
 
-def _kept_the_wrapper(case: Case, e: dict) -> int | None:
+def _kept_the_wrapper(case: Case, e: dict) -> str | None:
     """The line that handed the wrapper to best.update, when a load of the best weights met module. keys."""
     if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("at")):
         return None
     found = re.search(r"^.*best\.update\([^)]*\bmodel\)", case.source, re.M)
-    return case.source[:found.start()].count("\n") + 1 if found else None
+    kept = case.source[:found.start()].count("\n") + 1 if found else None
+    return kept and (f"(its keys start with module.): the best weights were kept from DDP's wrapper, line {kept} "
+                     f"({case.code(kept)}); keep the plain model's, model.module, and line {e.get('at')} loads them "
+                     f"as it is")
 
 
-def _left_where(case: Case, events: list[dict]) -> str:
-    n = len(steps(events))
-    passes = len(_of(events, "pass", split="train"))
-    destroy = _of(events, "destroy")
-    gone = f"; it left the group{_at(destroy[-1])}" if destroy else ""
-    return f"after {passes} epoch(s) of {case.epochs} and {n} optimizer step(s){gone}"
+def crashed(case: Case) -> str | None:
+    """Every rank ran to the end. A rank that raised (not a peer that lost contact with it): torch's words, and the
+    learner's line that set it up where the record or the text shows one."""
+    for rank, events in sorted(case.ranks.items()):
+        if how(events) != "error":
+            continue
+        e = end(events)
+        said = f"rank {rank} raised {e['error']}{_at(e, 'at')}: {e['message']}".rstrip(":")
+        race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
+        if race or kept:
+            return race or f"{said} {kept}"
+        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"])
+        return f"{said.rstrip('.')}; {why}" if why else said
+    return None
 
 
-def _waited(case: Case, rank: int) -> str:
-    """What ``rank`` waited in, and how that ended."""
-    events = case.ranks[rank]
-    call = waiting_in(events) or next((c for c in reversed(events) if c["kind"] in ("collective", "backward")
-                                       and c.get("phase") == "enter"), None)
-    e = end(events) or {}
-    where = f"{call_name(call)}{_at(call)}" if call else f"line {e['at']}" if e.get("at") else "its script"
-    then = {"lost": " until its connection to the others closed", "timed out": " until the group's timeout",
-            "stopped": " until the checker stopped it"}.get(how(events), "")
-    return f"rank {rank} waited in {where}{then}"
+# ----------------------------------------------------------------------------- what a run that ended well did
 
 
-def _decision(case: Case, ranks_left: list[int]) -> str:
-    """Why some ranks took another way: a value only rank 0 got (reduce), or a break under a rank test."""
+def same_split(case: Case) -> str | None:
+    prints = {r: _of(ev, "splits")[0]["train"]["fp"] for r, ev in case.ranks.items() if _of(ev, "splits")}
+    if len(set(prints.values())) > 1:
+        ref = prints[min(prints)]
+        other = next(r for r, p in sorted(prints.items()) if p != ref)
+        return (f"rank {other}'s training split is not rank {min(prints)}'s (their molecules differ: fingerprint "
+                f"{prints[other]} against {ref}): every rank must load the same split, and a DistributedSampler "
+                f"gives each its share of it")
+    return None
+
+
+def sharded(case: Case) -> str | None:
+    """The shards: every epoch read by every rank; from step 2 disjoint, covering and reshuffled each epoch."""
+    n = split_sizes(case.ranks[0]).get("train")
+    found = shards.read_mistake({r: passes(ev, "train") for r, ev in case.ranks.items()}, n, case.epochs) if n else None
+    if found is None or (case.step == 1 and found[0] != "epochs"):
+        return None
+    kind, measured = found
+    why = shards.cause(kind, case.ranks, "train", len(case.ranks)) if kind != "epochs" else "train every epoch"
+    return f"{measured}: {why}" if why else measured
+
+
+def replicas(case: Case) -> str | None:
+    """Step 3 on: the same weights on every rank after every optimizer step."""
+    spread = spreads(case.run.params)
+    bad = next((k for k, s in enumerate(spread) if s > TOLERANCE), None)
+    if bad is None:
+        return None
+    drift = f"the replicas differ by up to {spread[bad]:.3g} after step {bad + 1}"
+    for rank, events in sorted(case.ranks.items()):
+        if not _of(events, "ddp"):
+            return (f"rank {rank} never wrapped its model in DistributedDataParallel: {drift}, each replica following "
+                    f"its own gradients; wrap it (model = DDP(model)) and train through the wrapper")
+        bypass = _of(events, "bypass")
+        if bypass and not sum(s["ddp_forwards"] for s in steps(events)):
+            return (f"{drift}: the training forward at {_line_of(case, bypass[0])} calls the model inside the wrapper "
+                    f"(model.module, or another name for it), so DDP never saw the batch and backward() did not "
+                    f"average the gradients; compute the loss through the DDP wrapper")
     for events in case.ranks.values():
         for c in _of(events, "collective", name="reduce", phase="enter"):
-            afters = {r: next((x.get("after") for x in _of(ev, "collective", name="reduce", phase="exit")
-                               if x.get("seq") == c.get("seq")), None) for r, ev in case.ranks.items()}
-            if len({str(v) for v in afters.values()}) > 1:
-                kept = ", ".join(f"rank {r} [{', '.join(f'{x:.4g}' for x in v or [])}]" for r, v in sorted(afters.items()))
-                return (f"dist.reduce{_at(c)} delivers the result to one rank only ({kept}), yet every rank decided "
-                        f"from it: use dist.all_reduce where every rank uses the value")
-    stop = source.rank_decision(case.source)
-    if stop is not None:
-        kind, at, test, where = stop
-        return (f"the {kind} at line {at} runs under `if {test}:` (line {where}), on rank {_and(ranks_left)} alone: "
-                f"a decision that ends the loop must be taken on every rank (share it first, with dist.broadcast or "
-                f"an all_reduce)")
-    return "a decision taken on some ranks alone ended their loop: every rank must run every epoch and every step"
+            return (f"{drift}: every rank stepped from values only rank 0 got from dist.reduce{_at(c)}; use "
+                    f"dist.all_reduce where every rank uses the value")
+    return f"{drift}: every rank must take the same step (the gradients averaged by DDP, the same optimizer settings)"
 
 
-def left_early(case: Case) -> str | None:
-    """A rank that finished while another still waited for it: it skipped a collective, or left the loop early."""
-    left = [r for r, ev in sorted(case.ranks.items()) if how(ev) == "ok"]
-    waiting = [r for r, ev in sorted(case.ranks.items()) if how(ev) in ("lost", "timed out", "stopped")]
-    if not left or not waiting:
-        return None
-    leaver = case.ranks[left[0]]
-    hang = next((b["line"] for b in case.run.hang if b.get("missing")), None)
-    waited = _shorten(hang, case) if hang else "; ".join(_waited(case, r) for r in waiting)
-    finished = len(_of(leaver, "pass", split="train")) >= case.epochs and \
-        all(len(steps(leaver)) >= len(steps(case.ranks[r])) for r in waiting)
-    call = waiting_in(case.ranks[waiting[0]])
-    if finished and call is not None and call["kind"] == "collective":
-        return (f"rank {_and(left)} skipped the {call['name']} that rank {waiting[0]} called at line {call['line']} "
-                f"and finished, while {waited}: every rank must call every collective, or the others wait for it")
-    return (f"rank {_and(left)} left early ({_left_where(case, leaver)}), while {waited}: "
-            f"{_decision(case, left)}")
-
-
-def hung(case: Case) -> str | None:
-    """Ranks stopped while waiting for each other (nobody left): the hang watch's line, else where each waited."""
-    if not case.run.stopped or any(how(ev) == "ok" for ev in case.ranks.values()):
-        return None
-    line = next((b["line"] for b in case.run.hang if b.get("waiting_for")), None) or \
-        next((b["line"] for b in case.run.hang), None)
-    fix = "every rank must call every collective, in the same order, or the others wait for it"
-    epochs = {r: len(_of(ev, "pass", split="train")) for r, ev in case.ranks.items()}
-    behind = [r for r, n in sorted(epochs.items()) if n < max(epochs.values())]
-    if line and behind:  # some ranks left the loop and wait after it, while the others still train
-        return (f"rank {_and(behind)} left the training loop early ({_left_where(case, case.ranks[behind[0]])}) and "
-                f"waits after it: {_shorten(line, case)}: {_decision(case, behind)}")
-    if line:
-        return f"{_shorten(line, case)}: {fix}"
-    skipped = skipped_collective(case)
-    if skipped:
-        return skipped
-    waits = "; ".join(_waited(case, r) for r, ev in sorted(case.ranks.items()) if how(ev) != "ok")
-    return f"the ranks stopped making progress ({waits}): {fix}"
-
-
-def skipped_collective(case: Case) -> str | None:
-    """The first collective one rank called and another did not."""
-    seqs = {r: _of(ev, "collective", phase="enter") for r, ev in case.ranks.items()}
-    longest = max(seqs.values(), key=len, default=[])
-    for i, call in enumerate(longest):
-        for rank, seq in sorted(seqs.items()):
-            if len(seq) <= i or seq[i]["name"] != call["name"]:
-                caller = next(r for r, s in sorted(seqs.items()) if s is longest)
-                did = f" (it called {seq[i]['name']}{_at(seq[i])} instead)" if len(seq) > i else ""
-                return (f"rank {rank} skipped the {call['name']} that rank {caller} called at line {call['line']}"
-                        f"{did}: every rank must call every collective, or the others wait for it")
-    return None
-
-
-def lost_every_rank(case: Case) -> str | None:
-    """Every rank failed waiting: nobody to blame, so where each waited."""
-    if all(how(ev) in ("lost", "timed out", "stopped") for ev in case.ranks.values()):
-        waits = "; ".join(_waited(case, r) for r in sorted(case.ranks))
-        return f"no rank finished ({waits}): {skipped_collective(case) or 'look for a collective not every rank reaches'}"
-    return None
-
-
-def summing(case: Case) -> str | None:
-    """check_all_reduce's all_reduce: each rank contributes rank + 1, and every rank gets the sum."""
-    world = len(case.ranks)
+def evaluated(case: Case) -> str | None:
+    """Rank 0, alone, scores the whole dev set once an epoch (through the plain model, from step 3 on)."""
+    d = split_sizes(case.ranks[0]).get("dev")
     for rank, events in sorted(case.ranks.items()):
-        calls = [c for c in _of(events, "collective", name="all_reduce", phase="enter")
-                 if source.function_at(case.source, c.get("line")) == "check_all_reduce"]
-        if not calls:
-            continue
-        call = calls[0]
-        if call.get("op") not in (None, "SUM"):
-            return f"rank {rank} used op={call['op']}{_at(call)}: summing needs op=dist.ReduceOp.SUM"
-        if call.get("before") != [rank + 1.0]:
-            return (f"rank {rank} contributed {call.get('before')}{_at(call)}, expected [{rank + 1.0}]: each rank "
-                    f"contributes its rank + 1 (dist.get_rank() + 1)")
-        after = next((x.get("after") for x in _of(events, "collective", name="all_reduce", phase="exit")
-                      if x.get("seq") == call.get("seq")), None)
-        if after is not None and after != [world * (world + 1) / 2]:
-            return f"rank {rank} got {after} from the all_reduce{_at(call)}, expected [{world * (world + 1) / 2}]"
+        if rank != 0 and passes(events, "dev"):
+            where = next(iter(_of(events, "evaluate", split="dev")), _of(events, "pass", split="dev")[0])
+            return (f"rank {rank} evaluated too{_at(where)}: every rank scored the same model on the dev set, N times "
+                    f"the work; evaluate on global rank 0 only (dist.get_rank() == 0)")
+    reads = passes(case.ranks[0], "dev")
+    if not reads:
+        return "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"
+    short = next(((e, r) for e, r in enumerate(reads) if sorted(set(r)) != list(range(d)) or len(r) != d), None)
+    if short is not None:
+        e, r = short
+        dev_sampler = [s for ev in case.ranks.values() for s in _of(ev, "sampler", split="dev")]
+        why = (f"the dev loader has a DistributedSampler{_at(dev_sampler[0])}, which gives rank 0 its shard alone; "
+               f"rank 0 evaluates alone, so give the dev loader no sampler") if dev_sampler else \
+            "evaluate every dev molecule, once"
+        return f"rank 0 evaluated {len(set(r))} of the {d} dev molecules in epoch {e + 1}: {why}"
+    if len(reads) != case.epochs:
+        return f"rank 0 evaluated the dev set {len(reads)} time(s) in {case.epochs} epochs: once an epoch"
+    wrapped = [e for e in _of(case.ranks[0], "evaluate") if e["model"] == "DistributedDataParallel"]
+    if wrapped:
+        return (f"rank 0 evaluated the DDP wrapper{_at(wrapped[0])}: evaluate the plain model inside it, model.module "
+                f"(the wrapper's forward is for training; with buffers it would wait for the other ranks)")
     return None
 
 
-ENDINGS: list[Callable[[Case], str | None]] = [open_todo, stopped_on_input, joining, summing, crashed, left_early,
-                                                hung, lost_every_rank]
+def _synced(events: list[dict], upto: dict) -> int:
+    """How many collectives this rank had finished before the event ``upto``."""
+    return sum(e["kind"] == "collective" and e.get("phase") == "exit" for e in events[:events.index(upto)])
 
 
-def first_mistake(case: Case, more: list[Callable[[Case], str | None]] = ()) -> str | None:
-    """The first line of the endings' rules, then of ``more`` (the step's own), or None."""
-    for rule in [*ENDINGS, *more]:
-        message = rule(case)
-        if message:
-            return message
+def files(case: Case) -> str | None:
+    """The files: model.pt and metrics.json written by global rank 0 alone, plain keys; none loaded by another rank
+    without a collective after its save."""
+    saves = {r: [s for s in _of(ev, "save") if s.get("path")] for r, ev in case.ranks.items()}
+    savers = sorted(r for r, s in saves.items() if s)
+    if len(savers) > 1:
+        first = saves[savers[0]][0]
+        return (f"ranks {_and(savers)} all saved {Path(first['path']).name}{_at(first)}: one file for the job, written "
+                f"by global rank 0 only (dist.get_rank() == 0); the local rank is 0 on every node")
+    if savers and savers[0] != 0:
+        return f"rank {savers[0]} saved{_at(saves[savers[0]][0])}: save from global rank 0 only"
+    if not savers:
+        return "nothing was saved with torch.save: rank 0 saves the model's weights to cfg.out / 'model.pt'"
+    first = saves[0][0]
+    if any(k.startswith("module.") for k in first["keys"]):
+        return (f"rank 0 saved the DDP wrapper's weights{_at(first)}: their keys start with 'module.' "
+                f"({first['keys'][0]}); save model.module.state_dict(), the plain model's")
+    for save in saves[0]:
+        for rank, others in sorted(case.ranks.items()):
+            load = next((e for e in _of(others, "load") if e.get("path") == save["path"]), None)
+            if rank and load is not None and _synced(others, load) <= _synced(case.ranks[0], save):
+                return (f"rank {rank} loaded {Path(save['path']).name}{_at(load)} with no collective between rank 0's "
+                        f"save (line {save['line']}) and the load: it found the file only because rank 0 was faster "
+                        f"this time; put dist.barrier() after the save, before any rank loads the file")
+    if not (case.metrics or {}).get("history"):
+        return "rank 0 wrote no metrics.json: call report.finish(...) at the end, on rank 0"
     return None
+
+
+def left_the_group(case: Case) -> str | None:
+    for rank, events in sorted(case.ranks.items()):
+        if not _of(events, "destroy"):
+            return (f"rank {rank} never called dist.destroy_process_group: leave the group in the finally of a try "
+                    f"around the work")
+    line = source.destroy_outside_finally(case.source)
+    if line is not None:
+        return (f"dist.destroy_process_group() at line {line} is not in a finally: an error before it would leave the "
+                f"group behind; put it in the finally of a try around the work")
+    return None
+
+
+def device_ids(case: Case) -> str | None:
+    """What the CPU run cannot show: device_ids naming the global rank (on a node of 2 GPUs, rank 3 is on cuda:1)."""
+    found = source.global_rank_device_ids(case.source)
+    if found is None:
+        return None
+    at, text = found
+    return (f"device_ids at line {at} ({text}) names the global rank: on a node with 2 GPUs rank 3 lives on cuda:1; "
+            f"pass [device.index], this process's own GPU")
+
+
+@dataclass(frozen=True)
+class Rule:
+    holds: str  # the invariant, in words
+    judge: Callable[[Case], str | None]
+    steps: tuple[int, ...] | None = None  # the steps whose finished runs it judges; None: every run, resumed too
+
+
+ALL, DDP = (1, 2, 3, 4), (3, 4)
+RULES = (
+    Rule("every rank runs the script it was given, every TODO filled", started),
+    Rule("every rank joins one group, as its own rank, with the backend of its device", joined),
+    Rule("the sums: all-reduced totals, and what rank 0 logs from them, are sums over every rank", summed),
+    Rule("the same collectives in the same order on every rank", same_collectives),
+    Rule("every rank runs to the end", crashed),
+    Rule("every rank loads the same split", same_split, ALL),
+    Rule("the shards: disjoint, covering, reshuffled each epoch", sharded, ALL),
+    Rule("the replicas are equal after every step", replicas, DDP),
+    Rule("rank 0 alone evaluates the whole dev set once an epoch, through the plain model", evaluated, ALL),
+    Rule("the files: written by global rank 0 alone, plain keys, loaded after a collective", files, ALL),
+    Rule("every rank leaves the group, in a finally", left_the_group, ALL),
+    Rule("device_ids names this process's own GPU", device_ids, DDP),
+)
+
+
+def first_mistake(case: Case) -> str | None:
+    """The first broken invariant of :data:`RULES` that applies to the case's step, as one line; None if none."""
+    for rule in RULES:
+        if rule.steps is None or case.step in rule.steps:
+            message = rule.judge(case)
+            if message:
+                return message
+    return None
+
+
+def _what_each_read(case: Case) -> str:
+    n = split_sizes(case.ranks[0]).get("train", 0)
+    counts = {len(per_epoch[0]) for per_epoch in (passes(ev, "train") for ev in case.ranks.values()) if per_epoch}
+    if counts == {n}:
+        return f"each read all {n} training molecules"
+    return f"each read its own {min(counts, default=0)} of {n} training molecules, a new order each epoch"
+
+
+def passed(case: Case) -> str:
+    """The ✓ line: what was measured, in the step's terms."""
+    d, world, spread = split_sizes(case.ranks[0]).get("dev", 0), len(case.ranks), spreads(case.run.params)
+    dev = f"rank 0 alone evaluated all {d} dev molecules each epoch"
+    reads = f"{world} ranks, {case.epochs} epochs: {_what_each_read(case)}"
+    if case.step == 1:
+        summed = _check_all_reduce_mistake(case) is None and any(
+            source.function_at(case.source, c.get("line")) == "check_all_reduce"
+            for c in _of(case.ranks[0], "collective", name="all_reduce"))
+        joined = f"{world} ranks joined one group" + (f" and all-reduced {' + '.join(str(r + 1) for r in range(world))} "
+                                                      f"= {world * (world + 1) // 2}" if summed else "")
+        return (f"{joined}; {case.epochs} epochs: {_what_each_read(case)}; {dev} and saved the model; every rank left "
+                f"the group")
+    most, loss = max(spread, default=0.0), "the logged loss is the mean over all ranks"
+    if case.step == 2:
+        replicas = (f"the replicas drifted apart (spread {spread[-1]:.3g} after the last step)" if most > 0 else
+                    "the replicas stayed equal (spread 0.0 after every step)")
+        return f"{reads}; {replicas}; {dev} and saved its replica; {loss}"
+    equal = "0.0" if most == 0 else f"at most {most:.1g}"
+    return f"{reads}; spread after every step {equal}; {dev} and saved the plain model; {loss}"

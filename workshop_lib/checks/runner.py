@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from workshop_lib.checks.record import Recorder, recording
+from workshop_lib.checks.recorder import Recorder, recording
 from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
 from workshop_lib.errors import first_line

@@ -15,11 +15,10 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from workshop_lib.checks import record
 from workshop_lib.checks import shards as judged
 from workshop_lib.checks.common import CheckFailed, _call, _passed, judge_prediction
 from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
-from workshop_lib.checks.recorder import passes
+from workshop_lib.checks.recorder import Recorder, passes, recording
 from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.data import TokenizedDataset
 
@@ -49,9 +48,9 @@ def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
 
 def _read(make_loader: Callable, dataset, rank: int, world_size: int, per_node: int, epochs: int) -> list[dict]:
     """What one made-up rank's loader read, epoch by epoch (the recorder's events)."""
-    rec = record.Recorder()
+    rec = Recorder()
     rec.splits[id(dataset)] = "train"
-    with _as_rank(rank, world_size, per_node), record.recording(rec), contextlib.redirect_stdout(io.StringIO()):
+    with _as_rank(rank, world_size, per_node), recording(rec), contextlib.redirect_stdout(io.StringIO()):
         loader = _call(make_loader, "make_loader", dataset, 2, 0)
         if not isinstance(loader, torch.utils.data.DataLoader):
             raise CheckFailed(f"make_loader returned a {type(loader).__name__}, not a DataLoader: return "

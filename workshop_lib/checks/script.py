@@ -5,9 +5,10 @@
     python -m workshop_lib.check --all                         # a table: every step, done / wrong / not started
     python -m workshop_lib.check --all --dir solutions         # the same for the scripts of another folder
 
-Each script runs on two single-process "nodes" (Gloo, 200 molecules, 2 epochs; :mod:`runner`), judged by what the
-run did (:mod:`rules`, :mod:`step_rules`); step 4 also resumes (:mod:`resume`); then ``setup`` as rank 3 of 4 on a
-node with 2 GPUs (:mod:`made_up_rank`). A ✓ line and exit code 0 when everything measured holds, else ✗ and 1.
+Each script runs on two single-process "nodes" (Gloo, 200 molecules, 2 epochs; :mod:`runner`), judged by a few
+invariants over what the run recorded (:mod:`rules`, one table); step 4 also resumes (:mod:`resume`); then ``setup``
+as rank 3 of 4 on a node with 2 GPUs (:mod:`made_up_rank`). A ✓ line and exit code 0 when everything measured
+holds, else ✗ and 1.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from workshop_lib.checks import resume, rules, runner, step_rules
+from workshop_lib.checks import resume, rules, runner
 from workshop_lib.checks.common import CheckFailed, _passed
 from workshop_lib.checks.made_up_rank import on_a_gpu_node
 from workshop_lib.errors import WorkshopError
@@ -73,15 +74,15 @@ def judge(path: Path, step: int, work: Path) -> tuple[str, str]:
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
-    case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, rules.read_metrics(work / "out"), work / "out")
-    message = rules.first_mistake(case, step_rules.RULES[step])
+    case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, rules.read_metrics(work / "out"))
+    message = rules.first_mistake(case)
     if message is None and step == 4:
         message = resume.mistake(case, work, lambda name: _run(path, work, name, resume.EPOCHS))
     if message is None:
         message = on_a_gpu_node(path)
     if message is not None:
         return "wrong", f"{path.name}: {message}"
-    line = step_rules.passed(case) + (f"; {resume.PASSED}" if step == 4 else "")
+    line = rules.passed(case) + (f"; {resume.PASSED}" if step == 4 else "")
     unused = any(e.get("find_unused") for ev in run.ranks.values() for e in ev if e["kind"] == "ddp")
     if unused:
         line += ("; note: find_unused_parameters=True makes DDP search the graph after every forward, and this model "

@@ -81,15 +81,30 @@ def cause(kind: str, ranks: dict[int, list[dict]], split: str = "train", world: 
         return ""
     if not first["shuffle"]:
         return f"the DistributedSampler was built with shuffle=False{_at(first)}: pass shuffle=True"
+    return _set_epoch_cause(ranks, split)
+
+
+def _set_epoch_cause(ranks: dict[int, list[dict]], split: str) -> str:
+    """Why the order repeated though the sampler shuffles: set_epoch never called, given the same number before each
+    pass, or called only after the loader was read (from each set_epoch's argument and each pass's epoch)."""
     for _, ev in sorted(ranks.items()):
-        passes = _of(ev, "pass", split=split)
-        late = next((p for e, p in enumerate(passes) if p.get("sampler_epoch") not in (None, e)), None)
-        if late is None:
-            continue
-        e = passes.index(late)
         if not _of(ev, "set_epoch", split=split):
             return ("sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch) at the start of "
                     "every epoch, before the loader is read")
-        return (f"in epoch {e + 1} the loader{_at(late)} read the sampler while it was still set to epoch "
-                f"{late['sampler_epoch']}: call sampler.set_epoch(epoch) before the loader is read, not after")
+        last, before, passes = None, [], []  # the last set_epoch before each pass, and the passes
+        for e in (e for e in ev if e["kind"] in ("set_epoch", "pass") and e.get("split") == split):
+            if e["kind"] == "pass":
+                passes.append(e)
+                before.append(last)
+            last = e if e["kind"] == "set_epoch" else last
+        given = [c["epoch"] for c in before if c is not None]
+        if len(given) == len(passes) and len(set(given)) < len(given):
+            return (f"set_epoch was called with {', '.join(map(str, given))} in epochs "
+                    f"{', '.join(str(k + 1) for k in range(len(given)))}{_at(before[-1])}: pass the epoch number, "
+                    f"sampler.set_epoch(epoch)")
+        late = next((p for e, p in enumerate(passes) if p.get("sampler_epoch") not in (None, e)), None)
+        if late is not None:
+            return (f"in epoch {passes.index(late) + 1} the loader{_at(late)} read the sampler while it was still set "
+                    f"to epoch {late['sampler_epoch']}: call sampler.set_epoch(epoch) before the loader is read, not "
+                    f"after")
     return ""

@@ -1,43 +1,18 @@
-"""Causes read from the script's text (which function holds a line, a loop left under a rank test...): they explain
-a mistake the run showed, or show what a CPU run cannot (``device_ids`` on a GPU node)."""
+"""Causes read from the script's text (which function holds a line, a destroy outside a finally): they explain a
+mistake the run showed, or show what a CPU run cannot (``device_ids`` on a GPU node). What runs on some ranks alone
+is :mod:`branches`'."""
 
 from __future__ import annotations
 
 import ast
 
-
-def _tree(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except SyntaxError:
-        return None
+from workshop_lib.checks.branches import parse, scope
 
 
 def function_at(text: str, line: int | None) -> str | None:
     """The name of the innermost function of the script that holds ``line``."""
-    tree = _tree(text)
-    if tree is None or not line:
-        return None
-    found = None
-    for node in ast.walk(tree):
-        inside = isinstance(node, ast.FunctionDef) and node.lineno <= line <= (node.end_lineno or node.lineno)
-        if inside and (found is None or node.lineno > found.lineno):
-            found = node
-    return found.name if found else None
-
-
-def rank_decision(text: str) -> tuple[str, int, str, int] | None:
-    """('break' | 'return', its line, the test, the test's line) of a loop's exit under an ``if`` about the rank."""
-    tree = _tree(text)
-    for loop in ast.walk(tree) if tree is not None else ():
-        if not isinstance(loop, ast.For | ast.While):
-            continue
-        for node in ast.walk(loop):
-            if isinstance(node, ast.If) and "rank" in ast.unparse(node.test):
-                for stop in ast.walk(node):
-                    if isinstance(stop, ast.Break | ast.Return):
-                        return type(stop).__name__.lower(), stop.lineno, ast.unparse(node.test), node.lineno
-    return None
+    tree = parse(text)
+    return getattr(scope(tree, line), "name", None) if tree is not None and line else None
 
 
 def destroy_outside_finally(source: str) -> int | None:
@@ -73,7 +48,7 @@ def _global_rank_names(tree: ast.Module) -> set[str]:
 
 def global_rank_device_ids(text: str) -> tuple[int, str] | None:
     """(line, expression) of a ``device_ids=`` that names the global rank (dist.get_rank(), RANK, or a name for it)."""
-    tree = _tree(text)
+    tree = parse(text)
     if tree is None:
         return None
     ranks = _global_rank_names(tree)

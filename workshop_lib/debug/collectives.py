@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Protocol
 from unittest import mock
 
@@ -26,6 +26,16 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "scatter_object_list", "send", "recv")
 BACKWARD = "backward"  # the op name observers see for torch.autograd.backward
 DDP_FORWARD = "DDP.forward"  # DistributedDataParallel.forward, observed where it broadcasts the buffers first
+
+
+def first_difference(sequences: Mapping[int, Sequence[Hashable]]) -> int | None:
+    """Where the ranks' sequences of calls part: the first position (0-based) where they differ, or where one rank
+    has no more; None if all agree. The one such function: the checker, the hang watch and 05's figure use it."""
+    longest = max((len(s) for s in sequences.values()), default=0)
+    for i in range(longest):
+        if len({s[i] if i < len(s) else None for s in sequences.values()}) > 1:
+            return i
+    return None
 
 
 class Observer(Protocol):

@@ -199,17 +199,15 @@ def one_line(block: list[str]) -> str:
 
 def _first_difference(answers: dict[int, dict]) -> str | None:
     """'the ranks' collectives first differ at #n: rank 0 all_gather at f.py:9, rank 1 all_reduce at f.py:7'."""
-    by_seq: dict[int, dict[int, dict]] = {}
-    for r, a in answers.items():
-        for c in a.get("history", []):
-            by_seq.setdefault(c["seq"], {})[r] = c
-    for seq in sorted(by_seq):
-        calls = by_seq[seq]
-        if len(calls) < len(answers):
-            continue  # older than some rank's memory, or not entered by every rank yet
-        if len({(c["op"], c["tensors"], c["where"]) for c in calls.values()}) > 1:
-            each = ", ".join(f"rank {r} {c['op']} ({c['tensors']}) at {c['where']}" for r, c in sorted(calls.items()))
-            return f"the ranks' collectives first differ (op, tensors or call site) at #{seq}: {each}"
-    return None
+    by_seq = {r: {c["seq"]: c for c in a.get("history", [])} for r, a in answers.items()}
+    common = sorted(set.intersection(*(set(calls) for calls in by_seq.values()))) if by_seq else []
+    # the calls every rank remembers and has entered, compared by op, tensors and call site
+    i = collectives.first_difference({r: [(calls[s]["op"], calls[s]["tensors"], calls[s]["where"]) for s in common]
+                                      for r, calls in by_seq.items()})
+    if i is None:
+        return None
+    each = ", ".join(f"rank {r} {c['op']} ({c['tensors']}) at {c['where']}"
+                     for r, c in sorted((r, calls[common[i]]) for r, calls in by_seq.items()))
+    return f"the ranks' collectives first differ (op, tensors or call site) at #{common[i]}: {each}"
 
 

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from workshop_lib.debug import collectives
+
 FOLD = 4  # agreed rows beyond this many are folded into one
 
 
@@ -62,12 +64,7 @@ def sequence(answer: dict) -> list[Step]:
 
 def first_difference(sequences: dict[int, list[Step]]) -> int | None:
     """The first position (0-based) where the ranks' calls differ, or where one rank has none; None if all agree."""
-    longest = max((len(s) for s in sequences.values()), default=0)
-    for i in range(longest):
-        keys = {s[i].key() if i < len(s) else None for s in sequences.values()}
-        if len(keys) > 1:
-            return i
-    return None
+    return collectives.first_difference({r: [step.key() for step in s] for r, s in sequences.items()})
 
 
 def describe(record: Sequence[dict] | dict) -> str:

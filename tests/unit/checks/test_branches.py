@@ -1,10 +1,81 @@
-"""checks.branches: the rank test that holds a line, and a name set only under one, read from a learner's code."""
+"""What runs on some ranks alone, read from a script's text: the rank conditions a learner writes, and the rest."""
 
 from __future__ import annotations
 
 import pytest
 
-from workshop_lib.checks.branches import none_on_rank, rank_condition
+from workshop_lib.checks import branches
+
+SCRIPT = """\
+import os
+import torch.distributed as dist
+
+def main(cfg):
+    rank = dist.get_rank()
+    is_main = rank == 0
+    resume_from = to_resume(cfg, rank)
+    report = Reporter(cfg) if rank == 0 else None
+    if resume_from is not None:
+        load(resume_from)
+    for epoch in range(cfg.epochs):
+        train()
+        if rank == 0:
+            evaluate()
+            if epoch > 2:
+                dist.barrier()
+        else:
+            idle()
+        if is_main:
+            save()
+        if dist.get_rank() == 1:
+            one()
+        if int(os.environ["RANK"]) > 0:
+            others()
+        if epoch > 0:
+            report.epoch(epoch)
+"""
+
+
+def at(text: str) -> int:
+    return next(i for i, line in enumerate(SCRIPT.splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("evaluate()", (at("if rank == 0:"), "rank == 0")),
+    ("dist.barrier()", (at("if rank == 0:"), "rank == 0")),  # the innermost if about the rank, not `epoch > 2`
+    ("idle()", (at("if rank == 0:"), "not (rank == 0)")),  # the else branch: the other ranks alone
+    ("save()", (at("if is_main:"), "is_main")),  # a name assigned from a test of the rank
+    ("one()", (at("if dist.get_rank() == 1:"), "dist.get_rank() == 1")),
+    ("others()", (at("if int(os.environ"), "int(os.environ['RANK']) > 0")),
+    ("Reporter(cfg)", (at("Reporter(cfg)"), "rank == 0")),  # a conditional expression
+    ("train()", None),
+    ("load(resume_from)", None),  # a call given the rank is not the rank: resume_from is every rank's
+    ("report.epoch(epoch)", None),  # `if epoch > 0:` is about the epoch
+    ("if rank == 0:", None),  # the test itself runs on every rank
+], ids=["if_rank", "innermost", "else", "is_main", "get_rank", "environ", "if_expression", "every_rank",
+        "given_the_rank", "not_the_rank", "the_test"])
+def test_rank_condition_is_the_innermost_if_about_the_rank(line, expected):
+    assert branches.rank_condition(SCRIPT, at(line)) == expected
+
+
+def test_a_name_set_only_under_a_rank_condition_is_found_from_the_line_that_reads_it():
+    line = at("report.epoch(epoch)")
+    assert branches.names_read(SCRIPT, line) == ["report", "epoch"]
+    assert branches.set_under_rank(SCRIPT, line, "report") == (at("Reporter(cfg)"), "rank == 0")
+    assert branches.set_under_rank(SCRIPT, line, "resume_from") is None
+    assert branches.set_under_rank(SCRIPT, line, "epoch") is None  # the loop sets it on every rank
+
+
+def test_a_loops_exit_under_a_rank_condition_is_found():
+    early = SCRIPT.replace("            evaluate()\n", "            evaluate()\n            break\n")
+    assert branches.rank_exit(SCRIPT) is None
+    assert branches.rank_exit(early) == ("break", at("evaluate()") + 1, "rank == 0", at("if rank == 0:"))
+
+
+def test_a_script_that_does_not_parse_has_no_conditions():
+    assert branches.rank_condition("if rank == 0\n    x()\n", 2) is None
+    assert branches.names_read("x(", 1) == []
+
 
 LOOP = '''\
 def train(model, rank):
@@ -33,12 +104,8 @@ def train(model, rank):
     (15, None),  # a test that does not read the rank
     (3, None),  # outside any test
 ])
-def test_rank_condition_names_the_innermost_test_about_the_rank(line, expected):
-    assert rank_condition(LOOP, line) == expected
-
-
-def test_rank_condition_of_text_that_does_not_parse_is_none():
-    assert rank_condition("def f(:\n", 1) is None
+def test_rank_condition_of_a_loop_names_the_innermost_test_about_the_rank(line, expected):
+    assert branches.rank_condition(LOOP, line) == expected
 
 
 SNAPSHOT = '''\
@@ -62,16 +129,16 @@ def main(rank):
 
 
 @pytest.mark.parametrize(("line", "attribute", "expected"), [
-    (6, "world_size", "report is None on rank 1: it is assigned only under `if rank == 0:` (line 2); create it on "
-                      "every rank or use it under the same condition"),
-    (10, "add", "writer is None on rank 1: it is assigned only under `if rank == 0:` (line 8; assigned at line 9); "
-                "create it on every rank or use it under the same condition"),
+    (6, "world_size", "report is None on rank 1, set only where `rank == 0` holds (line 2): run line 6 under the "
+                      "same condition, or create report on every rank"),
+    (10, "add", "writer is None on rank 1, set only where `rank == 0` holds (line 8): run line 10 under the same "
+                "condition, or create writer on every rank"),
     (16, "log", None),  # set on every rank: not the cause
 ])
-def test_none_on_rank_names_the_name_set_only_under_a_rank_test(line, attribute, expected):
+def test_unset_on_rank_names_the_name_set_only_under_a_rank_test(line, attribute, expected):
     message = f"'NoneType' object has no attribute '{attribute}'"
-    assert none_on_rank(SNAPSHOT, line, message, rank=1) == expected
+    assert branches.unset_on_rank(SNAPSHOT, line, "AttributeError", message, rank=1) == expected
 
 
-def test_none_on_rank_says_nothing_of_another_error():
-    assert none_on_rank(SNAPSHOT, 10, "division by zero", rank=1) is None
+def test_unset_on_rank_says_nothing_of_another_error():
+    assert branches.unset_on_rank(SNAPSHOT, 10, "ZeroDivisionError", "division by zero", rank=1) is None

@@ -11,8 +11,8 @@ import shutil
 
 import torch
 
-from workshop_lib.checks import record, resume, rules
-from workshop_lib.checks.recorder import Recorder
+from workshop_lib.checks import resume, rules
+from workshop_lib.checks.recorder import Recorder, recording
 from workshop_lib.checks.runner import Run
 
 
@@ -23,7 +23,7 @@ def _case(rec: Recorder) -> rules.Case:
 def test_a_temporary_file_copied_into_place_is_named(tmp_path):
     rec = Recorder()
     path = tmp_path / resume.SNAPSHOT
-    with record.recording(rec):
+    with recording(rec):
         torch.save({"epoch": 0}, f"{path}.tmp")
         shutil.copyfile(f"{path}.tmp", path)  # a copy: snapshot.pt is written a second time, not renamed
     line = resume.writing_mistake(_case(rec), tmp_path)
@@ -34,7 +34,7 @@ def test_a_temporary_file_copied_into_place_is_named(tmp_path):
 def test_a_file_object_and_os_replace_pass(tmp_path):
     rec = Recorder()
     path = tmp_path / resume.SNAPSHOT
-    with record.recording(rec):
+    with recording(rec):
         with open(f"{path}.tmp", "wb") as f:
             torch.save({"epoch": 0}, f)
         os.replace(f"{path}.tmp", path)
@@ -47,7 +47,7 @@ def test_weights_only_false_is_named_and_true_passes(tmp_path):
     torch.save({"epoch": 0}, path)
     for weights_only, expected in ((False, "rank 0 loaded snapshot.pt with weights_only=False (line "), (True, None)):
         rec = Recorder()
-        with record.recording(rec):
+        with recording(rec):
             torch.load(path, map_location="cpu", weights_only=weights_only)
         line = resume.loading_mistake(Run({0: rec.events}))
         assert line == expected if expected is None else line.startswith(expected), line

@@ -1,6 +1,6 @@
 """The rules on records made by hand: a correct 2-rank run of step 3, then one mistake put into it; nothing starts.
 
-The records have the shape :mod:`workshop_lib.checks.record` writes (one dict an event, ``kind`` and ``line``
+The records have the shape :mod:`workshop_lib.checks.recorder` writes (one dict an event, ``kind`` and ``line``
 first) and :class:`workshop_lib.checks.runner.Run` holds (each rank's events, its parameters after each step,
 the hang watch's blocks). The script's text is the real step 3 solution, so every "line N" is one of its lines.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from workshop_lib.checks import resume, rules, shards, source, step_rules
+from workshop_lib.checks import branches, resume, rules, shards, source
 from workshop_lib.checks.recorder import spreads, waiting_in
 from workshop_lib.checks.rules import Case
 from workshop_lib.checks.runner import Run
@@ -87,7 +87,8 @@ def good_run() -> Run:
     return Run({r: rank_events(r) for r in range(WORLD)}, {r: [np.ones(3, np.float32)] * EPOCHS for r in range(WORLD)})
 
 
-METRICS = {"history": [{"epoch": e, "train_loss": 0.75, "dev_roc_auc": 0.6, "replica_spread": 0.0} for e in range(2)]}
+METRICS = {"history": [{"epoch": e, "train_loss": 0.75, "dev_roc_auc": 0.6, "replica_spread": 0.0, "seconds": 2.0,
+                         "samples_per_second": 72.0} for e in range(2)]}  # 144 molecules an epoch
 
 
 def case(run: Run | None = None, step: int = 3, metrics: dict | None = METRICS, source: str = SOURCE) -> Case:
@@ -128,8 +129,8 @@ def cut(run: Run, rank: int, kind: str, nth: int = 0, **match) -> Run:
     return run
 
 
-def first(c: Case, step: int = 3) -> str | None:
-    return rules.first_mistake(c, step_rules.RULES[step])
+def first(c: Case) -> str | None:
+    return rules.first_mistake(c)
 
 
 # ----------------------------------------------------------------------------- a correct run
@@ -137,8 +138,8 @@ def first(c: Case, step: int = 3) -> str | None:
 
 @pytest.mark.parametrize("step", [2, 3, 4])
 def test_a_correct_run_breaks_no_rule_and_its_tick_says_what_was_measured(step):
-    assert first(case(step=step), step) is None
-    assert step_rules.passed(case()) == (
+    assert first(case(step=step)) is None
+    assert rules.passed(case()) == (
         "2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each epoch; spread after every "
         "step 0.0; rank 0 alone evaluated all 36 dev molecules each epoch and saved the plain model; the logged loss "
         "is the mean over all ranks")
@@ -150,19 +151,19 @@ def test_the_tick_of_steps_1_and_2_says_what_was_measured():
         for e in whole.ranks[r]:
             if e["kind"] == "fetched" and e["split"] == "train":
                 e["indices"] = order(e["epoch_pass"])
-    assert step_rules.passed(case(whole, step=1)) == (
+    assert rules.passed(case(whole, step=1)) == (
         "2 ranks joined one group and all-reduced 1 + 2 = 3; 2 epochs: each read all 144 training molecules; rank 0 "
         "alone evaluated all 36 dev molecules each epoch and saved the model; every rank left the group")
     drifted = good_run()
     drifted.params[1] = [np.array([1, 1, 1.25], np.float32)] * 2
-    assert "; the replicas drifted apart (spread 0.25 after the last step); " in step_rules.passed(case(drifted, 2))
-    assert "; the replicas stayed equal (spread 0.0 after every step); " in step_rules.passed(case(step=2))
+    assert "; the replicas drifted apart (spread 0.25 after the last step); " in rules.passed(case(drifted, 2))
+    assert "; the replicas stayed equal (spread 0.0 after every step); " in rules.passed(case(step=2))
 
 
 def test_step_1_wants_every_epoch_trained():
     short = changed({"kind": "pass", "split": "train", "epoch_pass": 1}, drop=True, on=(1,))
     short = changed({"kind": "fetched", "split": "train", "epoch_pass": 1}, drop=True, on=(1,), run=short)
-    assert first(case(short, step=1), 1) == "rank 1 read the training molecules in 1 epoch(s), not 2: train every epoch"
+    assert first(case(short, step=1)) == "rank 1 read the training molecules in 1 epoch(s), not 2: train every epoch"
 
 
 # ----------------------------------------------------------------------------- how the run ended
@@ -184,7 +185,8 @@ def test_step_1_wants_every_epoch_trained():
      "rank 1 never called dist.init_process_group: the processes never formed a group"),
     (ended(changed({"kind": "init", "phase": "enter"}, {"backend": "nccl"}), 0, how="error", error="RuntimeError",
            message="ProcessGroupNCCL is only supported with GPUs, no GPUs found!", at=INIT),
-     f"rank 0 joined with backend nccl (line {INIT}) on a machine without GPUs: use gloo"),
+     f"rank 0 joined with backend nccl (line {INIT}) on a machine without GPUs: use the backend of the device, gloo "
+     "for CPU tensors"),
     (changed({"kind": "init", "phase": "enter"}, {"given_rank": 0}),
      f"ranks 0 and 1 all joined as rank 0 (init_process_group (line {INIT}) got rank=0, the local rank)"),
 ], ids=["todo", "exit", "not_joined", "sampler_first", "never_joined", "nccl_on_cpu", "same_rank"])
@@ -200,11 +202,11 @@ def test_the_endings_name_who_and_where(run, expected):
 def test_summing_reads_check_all_reduces_values(change, expected):
     on = (1,) if "before" in change else (0, 1)
     run = changed({"kind": "collective", "seq": 1, "phase": "enter"}, change, on=on)
-    assert rules.summing(case(run)) == expected
+    assert rules.summed(case(run)) == expected
 
 
 def test_the_totals_all_reduce_is_not_check_all_reduces():
-    assert rules.summing(case()) is None  # its values are the loss sums, but it is not in check_all_reduce
+    assert rules.summed(case()) is None  # its values are the loss sums, but it is not in check_all_reduce
 
 
 def test_a_crash_is_named_with_its_line_and_the_peer_that_lost_it_is_not():
@@ -215,6 +217,17 @@ def test_a_crash_is_named_with_its_line_and_the_peer_that_lost_it_is_not():
     assert rules.crashed(case(both)) == "rank 1 raised KeyError (line 40): 'smiles'"
 
 
+def test_a_crash_on_a_value_only_a_rank_condition_sets_names_the_condition():
+    """The report lines moved out of `if rank == 0:`: report is None on rank 1 (``... if rank == 0 else None``)."""
+    at = line("report.epoch(")
+    run = ended(good_run(), 1, how="error", error="AttributeError", at=at,
+                message="'NoneType' object has no attribute 'epoch'")
+    assert rules.crashed(case(run)) == (
+        f"rank 1 raised AttributeError (line {at}): 'NoneType' object has no attribute 'epoch'; report is None on rank "
+        f"1, set only where `rank == 0` holds (line {line('report = Reporter(')}): run line {at} under the same "
+        "condition, or create report on every rank")
+
+
 def test_a_file_loaded_before_its_save_asks_for_a_barrier():
     run = ended(good_run(), 1, how="error", error="FileNotFoundError", at=120,
                 message="[Errno 2] No such file or directory: '/tmp/out/model.pt'")
@@ -223,12 +236,13 @@ def test_a_file_loaded_before_its_save_asks_for_a_barrier():
                                         "the file")
 
 
-def test_device_ids_on_cpu_says_what_ddp_got():
+def test_a_crash_torch_explains_gets_the_cause_and_the_fix_from_the_one_table():
     run = ended(good_run(), 0, how="error", error="ValueError", at=WRAP,
                 message="DistributedDataParallel device_ids and output_device arguments only work with single-device/"
                         "multiple-device GPU modules or CPU modules, but got device_ids [0], output_device None")
-    assert rules.crashed(case(run)) == (f"rank 0 raised ValueError (line {WRAP}): DDP got device_ids=[0] for a model "
-                                        "on the CPU; device_ids names a GPU: give none on CPU, [device.index] on a GPU")
+    assert rules.crashed(case(run)).endswith("but got device_ids [0], output_device None; device_ids names a GPU, "
+                                             "and this model is on the CPU: give DDP no device_ids on CPU, [local_rank] "
+                                             "on a GPU")
 
 
 def _rank0_left_after_epoch_1() -> Run:
@@ -250,7 +264,8 @@ BREAK = ("                report.epoch(epoch, loss, samples, seconds, dev_auc, r
 def test_a_rank_that_left_early_is_named_with_where_the_other_waited_and_why():
     source = SOURCE.replace(*BREAK)
     got = rules.first_mistake(case(_rank0_left_after_epoch_1(), source=source))
-    assert got == (f"rank 0 left early (after 1 epoch(s) of 2 and 1 optimizer step(s); it left the group (line "
+    assert got == (f"rank 0 left the training loop early (after 1 epoch(s) of 2 and 1 optimizer step(s); it left the "
+                   f"group (line "
                    f"{DESTROY})), while rank 1 waited in loss.backward() (DDP's gradient all-reduce) (line {BACKWARD}) "
                    f"until the checker stopped it: the break at line {line('report.epoch(') + 2} runs under `if rank "
                    f"== 0:` (line {line('if rank == 0:  # rank 0 alone evaluates')}), on rank 0 alone: a decision "
@@ -262,7 +277,7 @@ def test_the_hang_watchs_line_says_what_the_other_waited_in():
     run = _rank0_left_after_epoch_1()
     run.hang = [{"line": "rank 1 waits in loss.backward() (called at /tmp/x/step3_ddp.py:71 in train_epoch()); rank 0 "
                          "never joined it: it has left the job", "missing": [0], "waiting_for": []}]
-    got = rules.left_early(case(run))
+    got = rules.same_collectives(case(run))
     assert "while rank 1 waits in loss.backward() (called at step3_ddp.py:71 in train_epoch()); rank 0 never joined " \
            "it: it has left the job: " in got, got
 
@@ -273,39 +288,76 @@ def test_a_reduce_that_only_rank_0_received_is_the_cause_when_ranks_decide_apart
         for e in run.ranks[r]:
             if e["kind"] == "collective" and e.get("seq") == 2:
                 e.update(name="reduce", **({"after": kept} if e["phase"] == "exit" else {}))
-    got = rules.left_early(case(run))
+    got = rules.same_collectives(case(run))
     assert got.endswith(f"dist.reduce (line {TOTALS}) delivers the result to one rank only (rank 0 [108, 144], rank 1 "
                         "[57.6, 72]), yet every rank decided from it: use dist.all_reduce where every rank uses the "
                         "value"), got
 
 
 def test_a_rank_that_skipped_a_collective_and_finished_is_named_as_the_skipper():
-    run = changed({"kind": "collective", "seq": 1}, drop=True, on=(1,))  # rank 1 skipped check_all_reduce
+    run = changed({"kind": "collective"}, drop=True, on=(1,))  # rank 1 skipped check_all_reduce, and has no other
+    run = changed({"kind": "ddp"}, drop=True, on=(1,), run=run)
     run = cut(run, 0, "collective", seq=1, phase="enter")
-    got = rules.left_early(case(run))
+    got = rules.same_collectives(case(run))
     assert got == (f"rank 1 skipped the all_reduce that rank 0 called at line {CHECK} and finished, while rank 0 "
                    f"waited in all_reduce (line {CHECK}) until the checker stopped it: every rank must call every "
                    "collective, or the others wait for it"), got
 
 
-def test_a_hang_of_ranks_still_in_the_job_is_the_watchs_line():
+def test_collectives_that_differ_are_named_with_each_ranks_call_and_line():
     run = changed({"kind": "collective", "seq": 2}, {"name": "barrier", "line": 200}, on=(1,))
     run = cut(cut(run, 0, "collective", seq=3, phase="enter"), 1, "collective", seq=2, phase="enter")
     run.stopped = "hang"
-    run.hang = [{"line": "rank 0 waits in all_gather #3 (called at /x/step3_ddp.py:59 in replica_spread()); rank 1 "
-                         "never joined it: it is in loss.backward()", "missing": [1], "waiting_for": [1]}]
-    assert rules.hung(case(run)) == ("rank 0 waits in all_gather #3 (called at step3_ddp.py:59 in replica_spread()); "
-                                     "rank 1 never joined it: it is in loss.backward(): every rank must call every "
-                                     "collective, in the same order, or the others wait for it")
+    assert rules.same_collectives(case(run)) == (
+        f"the ranks' collectives first differ: rank 0 called all_reduce at line {TOTALS}, rank 1 called barrier at "
+        "line 200: every rank must call every collective, in the same order, or the others wait for it")
+
+
+def _barrier_in_rank_0s_block() -> tuple[Run, str]:
+    """Rank 0 called dist.barrier() after its evaluation, inside `if rank == 0:`; rank 1 went on to epoch 2's
+    backward(), DDP's gradient all-reduce. The script's text has the barrier there."""
+    text = SOURCE.replace(REPORTED, REPORTED + "                dist.barrier()  # wait for the evaluation\n")
+    at = line("report.epoch(") + 1
+    run = cut(good_run(), 1, "backward", nth=1, phase="enter")
+    mine = run.ranks[0]
+    second = next(i for i, e in enumerate(mine) if e["kind"] == "set_epoch" and e["epoch"] == 1)
+    run.ranks[0] = [*mine[:second], ev("collective", at, name="barrier", phase="enter", seq=4, op=None, before=None,
+                                       via=[128])]
+    return run, text
+
+
+REPORTED = "                report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)\n"
+
+
+def test_a_collective_under_a_rank_condition_is_named_with_the_conditions_line():
+    run, text = _barrier_in_rank_0s_block()
+    at, condition = line("report.epoch(") + 1, line("if rank == 0:  # rank 0 alone evaluates")
+    assert rules.first_mistake(case(run, source=text)) == (
+        f"the ranks' collectives first differ: rank 0 called barrier at line {at}, rank 1 called loss.backward() "
+        f"(DDP's gradient all-reduce) at line {BACKWARD}; line {at} runs under `if rank == 0:` (line {condition}), "
+        "called by rank 0 alone: call it on every rank, or move it out of the block")
+
+
+def test_a_collective_in_a_function_called_under_a_rank_condition_names_the_call():
+    """replica_spread(model) moved into rank 0's block: rank 0 waits in its all_gather, rank 1 in epoch 2's backward."""
+    run = cut(changed({"kind": "collective", "seq": 3}, drop=True, on=(1,)), 1, "backward", nth=1, phase="enter")
+    called, condition = line("report.epoch(") - 1, line("if rank == 0:  # rank 0 alone evaluates")
+    run = cut(run, 0, "collective", seq=2, phase="exit")
+    run.ranks[0].append(ev("collective", GATHER, name="all_gather", phase="enter", seq=3, op=None, before=None,
+                           via=[128, called]))
+    got = rules.same_collectives(case(run))
+    assert got.endswith(f"; line {called} runs under `if rank == 0:` (line {condition}), called by rank 0 alone: call "
+                        "it on every rank, or move it out of the block"), got
+    assert f"rank 0 called all_gather at line {GATHER} (in replica_spread, called at line {called})" in got, got
 
 
 def test_a_hang_without_the_watch_names_where_each_waited():
     run = cut(cut(good_run(), 0, "collective", seq=3, phase="enter"), 1, "collective", seq=3, phase="enter")
     run.stopped = "stalled"
-    assert rules.hung(case(run)) == (f"the ranks stopped making progress (rank 0 waited in all_gather (line {GATHER}) "
-                                     f"until the checker stopped it; rank 1 waited in all_gather (line {GATHER}) "
-                                     "until the checker stopped it): every rank must call every collective, in the "
-                                     "same order, or the others wait for it")
+    assert rules.same_collectives(case(run)) == (
+        f"the ranks stopped making progress (rank 0 waited in all_gather (line {GATHER}) until the checker stopped it; "
+        f"rank 1 waited in all_gather (line {GATHER}) until the checker stopped it): every rank must call every "
+        "collective, in the same order, or the others wait for it")
 
 
 # ----------------------------------------------------------------------------- what a finished run did
@@ -313,9 +365,9 @@ def test_a_hang_without_the_watch_names_where_each_waited():
 
 def test_ranks_with_different_splits_are_named():
     run = changed({"kind": "splits"}, {"train": {"n": N, "fp": "beef"}}, on=(1,))
-    assert step_rules.same_split(case(run)) == ("rank 1's training split is not rank 0's (their molecules differ: "
-                                                "fingerprint beef against f00d): every rank must load the same split, "
-                                                "and a DistributedSampler gives each its share of it")
+    assert rules.same_split(case(run)) == ("rank 1's training split is not rank 0's (their molecules differ: "
+                                           "fingerprint beef against f00d): every rank must load the same split, "
+                                           "and a DistributedSampler gives each its share of it")
 
 
 @pytest.mark.parametrize(("reads", "expected"), [
@@ -332,6 +384,16 @@ def test_ranks_with_different_splits_are_named():
 def test_reads_are_judged_disjoint_covering_and_reordered(reads, expected):
     n = 5 if len(reads[0][0]) == 3 else 4
     assert shards.read_mistake(reads, n, 2, "items") == expected
+
+
+def _set_epoch_after_reading() -> Run:
+    """Each epoch's set_epoch(epoch) called after its pass: the passes read the sampler at epochs 0 and 0."""
+    run = changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0})
+    for events in run.ranks.values():
+        for e in [e for e in events if e["kind"] == "set_epoch"]:
+            i = events.index(e)
+            events.insert(i + 1, events.pop(i))  # after the pass that followed it
+    return run
 
 
 @pytest.mark.parametrize(("run", "expected"), [
@@ -352,7 +414,13 @@ def test_reads_are_judged_disjoint_covering_and_reordered(reads, expected):
      "sampler.set_epoch is never called; call train_loader.sampler.set_epoch(epoch)"),
     (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}),
      f"in epoch 2 the loader (line {READ}) read the sampler while it was still set to epoch 0"),
-], ids=["none", "not_drawn_from", "one_replica", "local_rank", "seeds", "no_shuffle", "no_set_epoch", "late"])
+    (_set_epoch_after_reading(),
+     f"in epoch 2 the loader (line {READ}) read the sampler while it was still set to epoch 0"),
+    (changed({"kind": "pass", "split": "train"}, {"sampler_epoch": 0}, run=changed({"kind": "set_epoch"}, {"epoch": 0})),
+     f"set_epoch was called with 0, 0 in epochs 1, 2 (line {SET_EPOCH}): pass the epoch number, "
+     "sampler.set_epoch(epoch)"),
+], ids=["none", "not_drawn_from", "one_replica", "local_rank", "seeds", "no_shuffle", "no_set_epoch", "late",
+        "late_in_order", "constant"])
 def test_the_cause_of_a_sharding_mistake_comes_from_how_the_sampler_was_built(run, expected):
     kind = "same_order" if "shuffle" in expected or "epoch" in expected else "overlap"
     assert shards.cause(kind, run.ranks, "train", WORLD).startswith(expected)
@@ -361,16 +429,16 @@ def test_the_cause_of_a_sharding_mistake_comes_from_how_the_sampler_was_built(ru
 def test_drifting_replicas_are_named_with_their_cause():
     run = good_run()
     run.params[1] = [np.array([1, 1, 1.5], np.float32)] * 2
-    assert step_rules.replicas(case(run)) == ("the replicas differ by up to 0.5 after step 1: every rank must take the "
-                                              "same step (the gradients averaged by DDP, the same optimizer settings)")
+    assert rules.replicas(case(run)) == ("the replicas differ by up to 0.5 after step 1: every rank must take the "
+                                         "same step (the gradients averaged by DDP, the same optimizer settings)")
     unwrapped = changed({"kind": "ddp"}, drop=True, run=run)
-    assert step_rules.replicas(case(unwrapped)).startswith("rank 0 never wrapped its model in DistributedDataParallel: "
-                                                           "the replicas differ by up to 0.5 after step 1")
+    assert rules.replicas(case(unwrapped)).startswith("rank 0 never wrapped its model in DistributedDataParallel: "
+                                                      "the replicas differ by up to 0.5 after step 1")
     around = changed({"kind": "step"}, {"ddp_forwards": 0}, run=run)
     for r in (0, 1):
-        around.ranks[r].insert(5, ev("bypass", None, at=69, function="train_epoch", called_from=98))
-    assert "the training forward at line 69 (in train_epoch, called at line 98) calls the model inside the wrapper" \
-        in step_rules.replicas(case(around))
+        around.ranks[r].insert(5, ev("bypass", line("model(tokens, lengths)"), via=[128, 98]))
+    assert f"the training forward at line {line('model(tokens, lengths)')} (in train_epoch, called at line 98) " \
+           "calls the model inside the wrapper" in rules.replicas(case(around))
 
 
 def test_spreads_are_measured_after_each_step_every_rank_took():
@@ -390,8 +458,8 @@ def test_spreads_are_measured_after_each_step_every_rank_took():
     (changed({"split": "dev"}, drop=True),
      "rank 0 never evaluated: score the model on the dev split every epoch, on global rank 0"),
 ], ids=["rank_1_too", "half", "the_wrapper", "never"])
-def test_evaluating_wants_rank_0_alone_on_the_whole_dev_set(run, expected):
-    assert step_rules.evaluating(case(run)).startswith(expected)
+def test_evaluated_wants_rank_0_alone_on_the_whole_dev_set(run, expected):
+    assert rules.evaluated(case(run)).startswith(expected)
 
 
 @pytest.mark.parametrize(("run", "expected"), [
@@ -402,38 +470,52 @@ def test_evaluating_wants_rank_0_alone_on_the_whole_dev_set(run, expected):
      f"rank 0 saved the DDP wrapper's weights (line {SAVE}): their keys start with 'module.' (module.embed.weight)"),
     (changed({"kind": "save"}, drop=True), "nothing was saved with torch.save"),
 ], ids=["both", "rank_1", "the_wrapper", "nothing"])
-def test_saving_wants_one_file_of_plain_weights_from_rank_0(run, expected):
-    assert step_rules.saving(case(run)).startswith(expected)
+def test_the_files_are_one_of_plain_weights_from_rank_0(run, expected):
+    assert rules.files(case(run)).startswith(expected)
 
 
 def test_the_logged_loss_is_checked_against_every_ranks_batches():
-    assert step_rules.logged_loss(case()) is None
+    assert rules.summed(case()) is None
     own = copy.deepcopy(METRICS)
     own["history"][0]["train_loss"] = 0.7
-    assert step_rules.logged_loss(case(metrics=own)) == (
+    assert rules.summed(case(metrics=own)) == (
         "the logged loss of epoch 1 is 0.7000; the mean over the 144 molecules every rank trained on is 0.7500, and "
         "0.7000 is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals")
     maxed = changed({"kind": "collective", "seq": 2, "phase": "enter"}, {"op": "MAX"})
     own["history"][0]["train_loss"] = 0.8
-    assert step_rules.logged_loss(case(maxed, metrics=own)).endswith(
+    assert rules.summed(case(maxed, metrics=own)).endswith(
         f"the totals were all-reduced with op=MAX (line {TOTALS}); sum them (ReduceOp.SUM)")
-    assert step_rules.logged_loss(case(metrics=None)).startswith("rank 0 wrote no metrics.json")
+    assert rules.files(case(metrics=None)).startswith("rank 0 wrote no metrics.json")
 
 
-def test_leaving_wants_destroy_on_every_rank_in_a_finally():
-    assert step_rules.leaving(case(changed({"kind": "destroy"}, drop=True, on=(1,)))).startswith(
+def test_a_count_averaged_by_the_all_reduce_is_named_with_its_line():
+    averaged = changed({"kind": "collective", "seq": 2, "phase": "enter"}, {"op": "AVG"})
+    averaged = changed({"kind": "collective", "seq": 2, "phase": "exit"}, {"after": [54.0, 72.0]}, run=averaged)
+    halved = copy.deepcopy(METRICS)
+    for row in halved["history"]:
+        row["samples_per_second"] = 36.0  # 72 molecules in 2.0 s: the averaged count
+    assert rules.summed(case(averaged, metrics=halved)) == (
+        f"the all_reduce at line {TOTALS} averaged [loss sum, molecules] (op=AVG): the loss is right but the molecule "
+        "count is halved (rank 0 logs 72 molecules in epoch 1, the ranks trained on 144), and every throughput "
+        "figure with it: sum the totals (ReduceOp.SUM)")
+    assert rules.summed(case(metrics=halved)).startswith("rank 0 logs 72 molecules in epoch 1, the ranks trained on "
+                                                         "144: count every rank's molecules")
+
+
+def test_every_rank_leaves_the_group_on_every_rank_in_a_finally():
+    assert rules.left_the_group(case(changed({"kind": "destroy"}, drop=True, on=(1,)))).startswith(
         "rank 1 never called dist.destroy_process_group")
     outside = SOURCE.replace("    finally:\n        dist.destroy_process_group()", "    finally:\n        pass\n"
                              "    dist.destroy_process_group()")
-    assert step_rules.leaving(case(source=outside)).startswith(f"dist.destroy_process_group() at line {DESTROY + 1} is "
-                                                               "not in a finally")
+    assert rules.left_the_group(case(source=outside)).startswith(
+        f"dist.destroy_process_group() at line {DESTROY + 1} is not in a finally")
 
 
 def test_device_ids_of_the_global_rank_are_read_from_the_script():
     wrong = SOURCE.replace("device_ids=[device.index] if", "device_ids=[rank] if")
-    assert step_rules.device_ids(case(source=wrong)).startswith(f"device_ids at line {WRAP} ([rank] if device.type == "
-                                                                "'cuda' else None) names the global rank")
-    assert step_rules.device_ids(case()) is None
+    assert rules.device_ids(case(source=wrong)).startswith(f"device_ids at line {WRAP} ([rank] if device.type == "
+                                                           "'cuda' else None) names the global rank")
+    assert rules.device_ids(case()) is None
 
 
 # ----------------------------------------------------------------------------- step 4's resume, and the reading
@@ -461,8 +543,8 @@ def test_waiting_in_is_the_call_a_rank_entered_and_never_left():
 def test_the_scripts_text_says_where_a_line_is_and_what_ends_a_loop():
     assert source.function_at(SOURCE, CHECK) == "check_all_reduce"
     assert source.function_at(SOURCE, 1) is None
-    assert source.rank_decision(SOURCE) is None
-    assert source.rank_decision(SOURCE.replace(*BREAK)) == ("break", line("report.epoch(") + 2, "rank == 0",
+    assert branches.rank_exit(SOURCE) is None
+    assert branches.rank_exit(SOURCE.replace(*BREAK)) == ("break", line("report.epoch(") + 2, "rank == 0",
                                                            line("if rank == 0:  # rank 0 alone evaluates"))
     assert source.destroy_outside_finally("try:\n    work()\nfinally:\n    dist.destroy_process_group()\n") is None
     assert source.destroy_outside_finally("work()\ndist.destroy_process_group()\n") == 2

@@ -4,7 +4,9 @@ Every script below runs in one call of the checker (a fresh pair of rank process
 module; the four untouched solutions among them give the ``--all`` table too. The families are issue 25's: a
 wrapped model DDP never synchronises, sharding judged by what was read, a rank that leaves early, a second
 DistributedSampler on the dev loader, step 4 restarting at epoch 0 (and writing its snapshot in place, loading it
-without weights_only or map_location), reduce for all_reduce and a missing barrier.
+without weights_only or map_location), reduce for all_reduce and a missing barrier. Then issue 40's, each a new
+learner's edit that the invariants name without a rule of its own: a collective moved into rank 0's block, a
+constant set_epoch, totals averaged, and step 4's snapshot lines moved out of rank 0's block.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ ATOMIC = ('    tmp = f"{path}.tmp"  # in the same folder: a rename within one fi
           "    os.replace(tmp, path)  # atomic: whoever opens path gets the old file or the new one\n")
 LOAD = "snapshot = torch.load(resume_from, map_location=device, weights_only=True)"
 EARLY = "                if dev_auc > 0.5:  # good enough: stop early\n                    break\n"
+SPREAD = "            spread = replica_spread(model)  # every rank takes part in the all_gather\n"
+RANK0_2 = "            if rank == 0:  # rank 0 evaluates its own replica and reports\n"
+SNAPSHOT_LINES = (
+    '                snapshot = {"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}\n'
+    "                snapshot.update(checkpoint.run_record(best, report))  # this run's settings, the best model, the "
+    "history\n" + SNAPSHOT)
 
 # (name, script, [(text in the solution, what replaces it[, "all"])], what the checker's line must say)
 MISTAKES = [
@@ -82,10 +90,10 @@ MISTAKES = [
      "the DistributedSampler (line <<DistributedSampler(dataset>>) was built before the process group existed"),
     # 3. A rank that leaves the loop early, on a decision of rank 0 alone.
     ("rank0_stops_early", STEP3, [(REPORTED, REPORTED + EARLY)],  # then the watch's line, or where rank 1 waited
-     "rank 0 left early (after 1 epoch(s) of 2 and 2 optimizer step(s); it left the group (line "
+     "rank 0 left the training loop early (after 1 epoch(s) of 2 and 2 optimizer step(s); it left the group (line "
      "<<dist.destroy_process_group()>>)), while rank 1 wait"),
     ("rank0_stops_early_step4", STEP4, [(SNAPSHOT, SNAPSHOT + EARLY)],  # the watch's line, as either rank saw it
-     "rank 0 left the training loop early (after 1 epoch(s) of 2 and 2 optimizer step(s)) and waits after it: rank "),
+     "rank 0 left the training loop early (after 1 epoch(s) of 2 and 2 optimizer step(s)), while rank "),
     # 4. A second DistributedSampler, on the dev loader, while rank 0 alone evaluates.
     ("dev_sampler", STEP2, [("dev_loader = DataLoader(splits.dev, batch_size=256, collate_fn=collate)",
                              "dev_loader = DataLoader(splits.dev, batch_size=256, sampler=DistributedSampler("
@@ -127,11 +135,13 @@ MISTAKES = [
      "rank 0 used op=MAX (line <<dist.all_reduce(value>>): summing needs op=dist.ReduceOp.SUM"),
     ("rank_skips_a_collective", STEP1, [("        check_all_reduce(device)\n",
                                          "        if rank == 0:\n            check_all_reduce(device)\n")],
-     "rank 1 skipped the all_reduce that rank 0 called at line <<dist.all_reduce(value>> and finished, while rank 0 "
-     "waits in all_reduce"),
+     "the ranks' collectives first differ: rank 0 called all_reduce at line <<dist.all_reduce(value>> (in "
+     "check_all_reduce, called at line <<    check_all_reduce(device)>>), rank 1 called nothing more (it finished); "
+     "line <<    check_all_reduce(device)>> runs under `if rank == 0:` (line <<if rank == 0:>>), called by rank 0 "
+     "alone: call it on every rank, or move it out of the block"),
     ("device_ids_on_cpu", STEP3, [('device_ids=[device.index] if device.type == "cuda" else None', "device_ids=[0]")],
-     "rank 0 raised ValueError (line <<model = DDP(>>): DDP got device_ids=[0] for a model on the CPU; device_ids "
-     "names a GPU"),
+     "rank 0 raised ValueError (line <<model = DDP(>>): DistributedDataParallel device_ids and output_device "
+     "arguments only work with"),  # then torch's words, and DEVICE_IDS
     ("evaluate_on_every_rank", STEP3, [("            if rank == 0:  # rank 0 alone evaluates",
                                         "            evaluate(model.module, dev_loader, device)  # every rank\n"
                                         "            if rank == 0:  # rank 0 alone evaluates")],
@@ -170,7 +180,31 @@ MISTAKES = [
     ("shuffle_beside_the_sampler", STEP2, [("sampler=sampler, collate_fn", "sampler=sampler, shuffle=True, collate_fn")],
      "raised ValueError (line <<sampler=sampler, shuffle=True>>): sampler option is mutually exclusive with shuffle; "
      "a DataLoader given a sampler takes no shuffle="),
+    # Issue 40: a new learner's edits, each named by an invariant (the collectives, the shards, the sums, a crash).
+    ("barrier_in_rank_0s_block", STEP3, [(REPORTED, REPORTED + "                dist.barrier()  # wait until rank 0 "
+                                                               "has evaluated\n")],
+     "the ranks' collectives first differ: rank 0 called barrier at line <<dist.barrier()>>, rank 1 called "
+     "loss.backward() (DDP's gradient all-reduce) at line <<loss.backward()>> (in train_epoch, called at line "
+     "<<totals = train_epoch(>>); line <<dist.barrier()>> runs under `if rank == 0:` (line <<if rank == 0:  # rank 0 "
+     "alone evaluates;>>), called by rank 0 alone: call it on every rank, or move it out of the block"),
+    ("spread_in_rank_0s_block", STEP2, [(SPREAD + RANK0_2, RANK0_2 + "    " + SPREAD)],
+     "the ranks' collectives first differ: rank 0 called all_gather at line <<dist.all_gather(>> (in replica_spread, "
+     "called at line <<spread = replica_spread(>>), rank 1 called all_reduce at line <<dist.all_reduce(totals>>; line "
+     "<<spread = replica_spread(>> runs under `if rank == 0:` (line <<if rank == 0:  # rank 0 evaluates>>), called "
+     "by rank 0 alone: call it on every rank, or move it out of the block"),
+    ("set_epoch_constant", STEP2, [(SET_EPOCH, SET_EPOCH.replace("set_epoch(epoch)", "set_epoch(0)"))],
+     "epoch 2 read the same training molecules in the same order as epoch 1 on every rank: set_epoch was called "
+     "with 0, 0 in epochs 1, 2 (line <<sampler.set_epoch(0)>>): pass the epoch number, sampler.set_epoch(epoch)"),
+    ("totals_averaged", STEP2, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.AVG)"))],
+     "the all_reduce at line <<dist.all_reduce(totals>> averaged [loss sum, molecules] (op=AVG): the loss is right "
+     "but the molecule count is halved (rank 0 logs 72 molecules in epoch 1, the ranks trained on 144), and every "
+     "throughput figure with it: sum the totals (ReduceOp.SUM)"),
+    ("snapshot_out_of_rank_0s_block", STEP4, [(SNAPSHOT_LINES, SNAPSHOT_LINES.replace(" " * 16, " " * 12))],
+     "rank 1 raised AttributeError (line <<snapshot.update(>>): 'NoneType' object has no attribute 'world_size'; "
+     "report is None on rank 1, set only where `rank == 0` holds (line <<report = Reporter(>>): run line "
+     "<<snapshot.update(>> under the same condition, or create report on every rank"),
 ]
+DEVICE_IDS = "; device_ids names a GPU, and this model is on the CPU: give DDP no device_ids on CPU"
 EARLY_CAUSE = ("the break at line <<                    break>> runs under `if rank == 0:` (line "
                "<<if rank == 0:  # rank 0 alone evaluates>>), on rank 0 alone")
 PER_RANK_SEED = ("the samplers' seeds differ (rank 0: 0, rank 1: 1, line <<DistributedSampler(dataset>>): each rank "
@@ -180,7 +214,6 @@ PER_RANK_SEED = ("the samplers' seeds differ (rank 0: 0, rank 1: 1, line <<Distr
 ACCEPTED = [
     ("per_rank_seed_before_wrap", STEP3, [("        torch.manual_seed(cfg.seed)\n",
                                            "        torch.manual_seed(cfg.seed + rank)  # DDP broadcasts rank 0's\n")]),
-    ("reduce_op_avg", STEP2, [(TOTALS, TOTALS.replace("(totals)", "(totals, op=dist.ReduceOp.AVG)"))]),
     ("sampler_with_replicas_and_rank", STEP2, [(SAMPLER, SAMPLER.replace(
         "shuffle=True", "num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True"))]),
     ("init_without_timeout", STEP1, [(CPU_INIT, '        dist.init_process_group("gloo")\n')]),
@@ -255,6 +288,8 @@ def test_each_mistake_is_named(verdicts, name, expected):
         assert _expected(PER_RANK_SEED, text) in line, line
     if name.startswith("rank0_stops_early"):
         assert _expected(EARLY_CAUSE, text) in line, line
+    if name == "device_ids_on_cpu":
+        assert DEVICE_IDS in line, line
     if name == "load_without_barrier":
         assert "put dist.barrier() after the save, before any rank loads the file" in line, line
 

@@ -45,6 +45,8 @@ CASES = {
     "shuffle": (lambda: DataLoader(list(range(8)), sampler=DistributedSampler(list(range(8)), 1, 0), shuffle=True),
                 "leave shuffle out of the DataLoader"),
     "not joined": (lambda: dist.get_rank(), "call dist.init_process_group(backend) first"),
+    "set_epoch of a loader's own sampler": (lambda: DataLoader(list(range(8)), shuffle=True).sampler.set_epoch(1),
+                                            "sampler=DistributedSampler(dataset)"),
 }
 JOINED = {
     "saved from the wrapper": (lambda: nn.Linear(3, 1).load_state_dict(DDP(nn.Linear(3, 1)).state_dict()),

@@ -16,7 +16,7 @@ LIB = Path(frames.__file__).resolve().parent.parent  # workshop_lib/
 
 
 @pytest.mark.parametrize(("path", "core_is_library", "library"), [
-    (str(LIB / "checks" / "record.py"), False, True),  # a tool
+    (str(LIB / "checks" / "recorder.py"), False, True),  # a tool
     (str(LIB / "lab" / "forklaunch.py"), False, True),
     (str(LIB / "check.py"), False, True),  # a command module
     (str(LIB / "watch.py"), False, True),  # the command that runs a script with the watch attached

@@ -84,8 +84,8 @@ def test_a_name_set_on_rank_0_alone_is_named_where_rank_1_reads_it():
     first = inspect.getsourcelines(loader_sampler_on_rank0)[1]
     with pytest.raises(common.CheckFailed, match=re.escape(
             f"make_loader raised AttributeError (line {first + 4}): 'NoneType' object has no attribute 'set_epoch'; "
-            f"sampler is None on rank 1: it is assigned only under `if dist.get_rank() == 0:` (line {first + 2}; "
-            f"assigned at line {first + 3}); create it on every rank or use it under the same condition")):
+            f"sampler is None on rank 1, set only where `dist.get_rank() == 0` holds (line {first + 2}): run line "
+            f"{first + 4} under the same condition, or create sampler on every rank")):
         sampler.shards(loader_sampler_on_rank0)
 
 
@@ -332,8 +332,8 @@ def test_a_barrier_in_a_rank_0_block_is_named_with_its_condition(monkeypatch):
 def test_a_rank_crash_on_a_name_set_on_rank_0_alone_names_the_assignment():
     first = inspect.getsourcelines(report_on_rank0)[1]
     with pytest.raises(common.CheckFailed, match=re.escape(
-            f"log is None on rank 1: it is assigned only under `if env.rank == 0:` (line {first + 2}; assigned at "
-            f"line {first + 3}); create it on every rank or use it under the same condition")):
+            f"log is None on rank 1, set only where `env.rank == 0` holds (line {first + 2}): run line {first + 4} "
+            f"under the same condition, or create log on every rank")):
         common.run_forked(report_on_rank0, 2, name="report", timeout=60)
 
 

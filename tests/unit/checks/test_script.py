@@ -41,7 +41,7 @@ ATOMIC = ('    tmp = f"{path}.tmp"  # in the same folder: a rename within one fi
           "    os.replace(tmp, path)  # atomic: whoever opens path gets the old file or the new one\n")
 LOAD = "snapshot = torch.load(resume_from, map_location=device, weights_only=True)"
 EARLY = "                if dev_auc > 0.5:  # good enough: stop early\n                    break\n"
-SPREAD = "            spread = replica_spread(model)  # every rank takes part in the all_gather\n"
+SPREAD = "            spread = replica_spread(model)  # every rank takes part in the all_gather (a teaching probe)\n"
 RANK0_2 = "            if rank == 0:  # rank 0 evaluates its own replica and reports\n"
 SNAPSHOT_LINES = (
     '                snapshot = {"epoch": epoch, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}\n'

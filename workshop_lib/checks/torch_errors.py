@@ -26,7 +26,7 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
      "in the forward, or pass find_unused_parameters=True to DDP"),
     (re.compile(r"device_ids and output_device arguments only work with"),
      "device_ids names a GPU, and this model is on the CPU: give DDP no device_ids on CPU, [local_rank] on a GPU"),
-    (re.compile(r"object has no attribute 'set_epoch'"),
+    (re.compile(r"(?<!'NoneType') object has no attribute 'set_epoch'"),
      "set_epoch belongs to the DistributedSampler, and this loader draws from another sampler: give the DataLoader "
      "sampler=DistributedSampler(dataset)"),
     (re.compile(r"Default process group has not been initialized"),

@@ -126,15 +126,16 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
     ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
                                for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
-    gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
     try:
-        ranks.start()
-        done = _wait(ranks, name, timeout, log_dir, hang_after)
-    except KeyboardInterrupt:  # the stop button (the ranks are stopped below)
+        try:
+            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
+            ranks.start()  # from here to ranks.stop(), the stop button kills every rank, then raises (ranks.py)
+            done = _wait(ranks, name, timeout, log_dir, hang_after)
+        finally:
+            ranks.stop()
+            gc.unfreeze()
+    except KeyboardInterrupt:  # the stop button, wherever it landed: every rank is gone by now
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
-    finally:
-        ranks.stop()
-        gc.unfreeze()
     if done.failed:
         recorded = [json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.error"))]
         lines = [r["line"] for r in recorded] or [  # else killed, or ended without raising (os._exit, a crash in C)

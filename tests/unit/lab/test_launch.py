@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from unittest import mock
 
 import psutil
 import pytest
@@ -79,9 +80,24 @@ def test_torchrun_failure_raises_with_the_ranks_last_lines_and_show_all_labels_t
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_torchrun_timeout_stops_every_rank(script, tmp_path):
-    with pytest.raises(launch.LaunchError, match="timed out after"):
-        launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=7, progress=False)  # both start in ~3 s
-    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    """Every process the launch started is gone: torchrun, and the ranks it had started by then (in ~3 s here;
+    on a busy machine, maybe none yet, so they are collected as they appear rather than expected by a time)."""
+    before, seen, ended = _children(), set(), threading.Event()
+
+    def collect_the_launch_processes():
+        while not ended.is_set():
+            seen.update(_started_since(before))
+            time.sleep(0.05)
+
+    threading.Thread(target=collect_the_launch_processes, daemon=True).start()
+    try:
+        with pytest.raises(launch.LaunchError, match="timed out after"):
+            launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=7, progress=False)
+    finally:
+        ended.set()
+    written = [p.read_text().strip() for p in tmp_path.glob("pid*")]  # the ranks that got that far
+    pids = sorted(seen | {int(pid) for pid in written if pid})
+    assert pids
     assert still_alive(pids, timeout=10) == []  # gone, or at most zombies awaiting their reaper
 
 
@@ -270,6 +286,131 @@ def test_notebook_launch_stop_button_stops_every_rank_and_leaves_the_kernel_as_i
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
     assert forklaunch.notebook_launch(_all_reduce, 2, 1.0)[0] == (0, 2, 3.0)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("before", [signal.SIG_IGN, signal.SIG_DFL], ids=["SIG_IGN", "SIG_DFL"])
+def test_the_stop_button_stops_every_rank_whatever_sigint_did_before(before):
+    """SIG_IGN: what a shell gives a command started with ``&`` (pytest beside another job), under which
+    interrupt_main() alone does nothing; SIG_DFL: a real SIGINT would kill the launcher and leave its ranks."""
+    ahead = _children()
+
+    def press_stop_once_both_ranks_run():
+        while len(_started_since(ahead)) < 2:
+            time.sleep(0.05)
+        _thread.interrupt_main()
+
+    kernel = signal.signal(signal.SIGINT, before)
+    try:
+        threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt, match="interrupted; every rank stopped"):
+            forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
+        assert signal.getsignal(signal.SIGINT) == before  # given back
+    finally:
+        signal.signal(signal.SIGINT, kernel)
+    assert still_alive(_started_since(ahead), timeout=10) == []
+
+
+KERNEL = """
+import datetime, os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from workshop_lib.lab import forklaunch
+
+def wait(env, folder):
+    Path(folder, f"pid{env.rank}.tmp").write_text(str(os.getpid()))
+    os.replace(Path(folder, f"pid{env.rank}.tmp"), Path(folder, f"pid{env.rank}"))  # whole when seen
+    if env.rank == 0:  # in C++, where no Python handler runs
+        dist.FileStore(str(Path(folder) / "store"), 2).wait(["never set"], datetime.timedelta(seconds=100))
+    time.sleep(600)
+
+try:
+    forklaunch.notebook_launch(wait, 2, sys.argv[1], timeout=100)
+except KeyboardInterrupt as err:
+    print(f"KeyboardInterrupt: {err}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_stop_button_as_jupyter_presses_it_sigint_to_the_kernels_process_group(tmp_path):
+    """jupyter_client interrupts a kernel with SIGINT to its process group: the kernel and, with it, every rank."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, cpu_env
+
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(tmp_path)], cwd=REPO, env=cpu_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
+            assert kernel.poll() is None, kernel.communicate()[0][-3000:]
+            time.sleep(0.05)
+        os.killpg(kernel.pid, signal.SIGINT)
+        out, _ = kernel.communicate(timeout=30)
+    finally:
+        if kernel.poll() is None:
+            os.killpg(kernel.pid, signal.SIGKILL)
+            kernel.wait()
+    assert "KeyboardInterrupt: notebook_launch of wait interrupted; every rank stopped" in out, out[-3000:]
+    pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
+    assert still_alive(pids, timeout=10) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_press_in_the_middle_of_the_forks_kills_both_ranks_once_they_exist():
+    """The press lands before the first fork; it is honoured when start() returns, with every rank known."""
+    import torch.multiprocessing
+
+    from workshop_lib.lab.ranks import Ranks
+
+    ranks = Ranks(_sleep, {0: (), 1: ()}, {0: {}, 1: {}}, "fork")
+    real = torch.multiprocessing.start_processes
+
+    def pressed_while_starting(*args, **kwargs):
+        _thread.interrupt_main()  # in this thread: the handler runs at the next line of Python, in the forks
+        return real(*args, **kwargs)
+
+    kernel = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with (mock.patch.object(torch.multiprocessing, "start_processes", side_effect=pressed_while_starting),
+              pytest.raises(KeyboardInterrupt)):
+            ranks.start()
+        assert len(ranks.pids()) == 2
+        assert still_alive(list(ranks.pids().values()), timeout=10) == []  # killed before the raise
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        ranks.stop()
+        signal.signal(signal.SIGINT, kernel)
+
+
+@pytest.mark.timeout(60)
+def test_a_press_while_the_ranks_are_reaped_comes_after_the_reaping():
+    """stop() is not cut short: both ranks killed and reaped, SIGINT given back, then one KeyboardInterrupt."""
+    from workshop_lib.lab import ranks as ranks_module
+
+    ranks = ranks_module.Ranks(_sleep, {0: (), 1: ()}, {0: {}, 1: {}}, "fork")
+    real, presses = ranks_module.kill_tree, []
+
+    def pressed_while_killing(*args, **kwargs):
+        presses.append(args[0])
+        _thread.interrupt_main()  # twice: the second asks for the stop already under way
+        return real(*args, **kwargs)
+
+    kernel = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ranks.start()
+        with (mock.patch.object(ranks_module, "kill_tree", side_effect=pressed_while_killing),
+              pytest.raises(KeyboardInterrupt)):
+            ranks.stop()
+        assert sorted(presses) == sorted(ranks.pids().values())
+        assert not any(psutil.pid_exists(pid) for pid in presses)  # reaped: not even a zombie
+        assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+        ranks.stop()  # a second stop: nothing left to do, no second KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, kernel)
 
 
 def test_notebook_launch_refuses_after_cuda_was_initialised(monkeypatch):

@@ -4,10 +4,9 @@
 
     torchrun --standalone --nproc_per_node=2 exercises/hanglabN.py --limit 447 --epochs 1 --batch-size 32 --timeout 60
 
-exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose`
-in a second terminal prints each rank's stack;
-`torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hanglabN.py` runs it with the hang watch
-attached. The notebook gives each lab its batch size (BATCH in workshop_lib/checks/hang_runs.py).
+exercises/ holds the broken versions, solutions/ the fixed ones. While it hangs, `python -m workshop_lib.diagnose` in
+another terminal prints each stack; `torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch exercises/hanglabN.py`
+runs it with the hang watch attached. The notebook gives each lab its batch size (BATCH in workshop_lib/checks/hang_runs.py).
 """
 
 import os

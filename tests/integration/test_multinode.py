@@ -8,7 +8,8 @@ import re
 import pytest
 
 from tests.conftest import REPO
-from tests.reliability import RUN, STEP4, TORCHRUN, Launch, listening_port, reference_metrics, same_results, stop
+from tests.reliability import RUN, STEP4, Launch, listening_port, reference_metrics, same_results, stop
+from workshop_lib.lab.launch import torchrun_argv
 
 FAULT_WORKER = REPO / "tests" / "workers" / "fault_worker.py"
 
@@ -19,11 +20,15 @@ def nodes(args: list, run_id: str, head_args: tuple = (), other_args: tuple = ()
     The first node starts alone until it hosts the rendezvous store, as the head node of a cluster would;
     its store binds port 0, and the second node is given the port it took.
     """
-    launcher = [*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-id={run_id}"]
-    head = Launch([*launcher, "--rdzv-endpoint=127.0.0.1:0", *args, *head_args])
+    script, *rest = args
+
+    def node(endpoint: str, more: tuple) -> Launch:
+        return Launch(torchrun_argv(script, 1, standalone=False, nnodes=2, rdzv=("c10d", endpoint, run_id),
+                                    args=[*rest, *more]))
+
+    head = node("127.0.0.1:0", head_args)
     assert head.wait_for(lambda: listening_port(head.proc.pid) is not None, 60), head.output[-3000:]
-    port = listening_port(head.proc.pid)
-    return [head, Launch([*launcher, f"--rdzv-endpoint=127.0.0.1:{port}", *args, *other_args])]
+    return [head, node(f"127.0.0.1:{listening_port(head.proc.pid)}", other_args)]
 
 
 @pytest.mark.slow

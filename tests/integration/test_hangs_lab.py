@@ -327,7 +327,7 @@ def test_no_exercise_cell_before_a_labs_run_names_a_cause():
     assert len(runs) == len(hang_labs.BATCH)
     said = {}
     for i, cell in enumerate(nb.cells[:runs[-1]]):
-        text = _comments(cell.source) if cell.cell_type == "code" and "hang_labs.predict(" not in cell.source \
+        text = _comments(cell.source) if cell.cell_type == "code" and "check.predict_hang(" not in cell.source \
             else cell.source
         if _named(text):
             said[cell.get("id", i)] = _named(text)

@@ -46,7 +46,7 @@ def _asked(name: str) -> None:
     if name not in BATCH:
         raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
     if name not in _predictions:
-        raise CheckFailed(f"predict first: run the prediction cell above (hang_labs.predict({name!r}, waits)); "
+        raise CheckFailed(f"predict first: run the prediction cell above (check.predict_hang({name!r}, waits)); "
                           f"this run shows the answer")
 
 
@@ -152,7 +152,7 @@ def predict(name: str, waits: dict[int, tuple[str, int]]) -> None:
     kept = _predictions.get(name)
     if kept is not None and kept.made < _runs_started.get(name, 0.0):
         print(f"the prediction you made before {name}'s run stays kept; check your reading with "
-              f"hang_labs.check(run, waits)")
+              f"check.hang(run, waits)")
         return
     _predictions[name] = Prediction(waits, time.time())
     each = ", ".join(f"rank {r} in {c} at line {n}" for r, (c, n) in sorted(waits.items()))

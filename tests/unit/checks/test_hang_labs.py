@@ -124,7 +124,7 @@ def test_a_lab_runs_only_once_a_prediction_is_kept(monkeypatch, capsys):
     monkeypatch.setattr(hang_labs, "launch", lambda *a, **k: pytest.fail("the run started without a prediction"))
     monkeypatch.setattr(hang_labs, "terminal", lambda *a, **k: pytest.fail("the run started without a prediction"))
     for run in (hang_labs.run_broken, hang_labs.run_in_terminal):
-        with pytest.raises(CheckFailed, match=r"^predict first: run the prediction cell above \(hang_labs\.predict\("
+        with pytest.raises(CheckFailed, match=r"^predict first: run the prediction cell above \(check\.predict_hang\("
                                               r"'hanglab1', waits\)\); this run shows the answer$"):
             run("hanglab1")
 

@@ -343,7 +343,7 @@ def test_each_prediction_of_05_is_a_call_and_an_exact_line():
     nb = nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4)
     found = {}
     for cell in nb.cells:
-        m = re.search(r'hang_labs\.predict\("(\w+)", waits\)', cell.source)
+        m = re.search(r'check\.predict_hang\("(\w+)", waits\)', cell.source)
         if m:
             found[m.group(1)] = eval(re.search(r"^waits = (\{.*\})$", cell.source, re.M).group(1))  # the cell's literal
     assert set(found) == set(hang_labs.BATCH)

@@ -1,6 +1,11 @@
 """A learner's script on two fresh ranks (:class:`workshop_lib.lab.ranks.Ranks`) as ``torchrun --nnodes=2
 --nproc_per_node=1`` would start it (LOCAL_RANK 0 on both, the store hosted here, Gloo on CPU), watched and recorded
-(:func:`run_item`), stopped as soon as it cannot end well (:func:`_why_stop`)."""
+(:func:`run_item`), stopped as soon as it cannot end well (:func:`_why_stop`).
+
+Why not under torchrun itself: the script runs as ``__main__`` with torchrun's variables and the recorder attached
+from outside, as ``torchrun -m`` would attach it, but a real torchrun costs each run a fresh interpreter per rank and
+an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 6 runs
+within its 30 s; forked ranks start from this process's imports."""
 
 from __future__ import annotations
 

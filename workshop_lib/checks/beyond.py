@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from workshop_lib.checks.common import CheckFailed, _call, _passed, judge_prediction, raised, run_forked
-from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 
 MLP_BUCKETS = 4  # DDP's buckets of MLP() at bucket_cap_mb=1: the last Linear with the one before, then one each
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 
 from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction
-from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
-from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 
 SAME_GLOBAL, SAME_PER_RANK, DDP_RUN = "1x2, batch 128", "1x2, batch 64", "2x1, batch 64 each"
 

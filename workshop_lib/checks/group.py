@@ -6,10 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, still_todo
-from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
-from workshop_lib.checks.made_up_rank import process_group  # noqa: F401 (check.process_group in the notebook)
 from workshop_lib.checks.recorder import Collectives, Recorder
-from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.debug import collectives
 from workshop_lib.errors import first_line
 

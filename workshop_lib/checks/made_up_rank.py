@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from workshop_lib.checks import torch_errors
 from workshop_lib.checks.common import CheckFailed, _passed, still_todo
+from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.errors import first_line
 
 RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2
@@ -52,8 +53,7 @@ def _fakes(seen: dict, gpus: bool) -> tuple[dict, list[tuple[object, str, object
         calls = [_index(a) for a in seen["set_device"]]
         return calls[-1] if calls and calls[-1] is not None else 0
 
-    variables = {"RANK": RANK, "LOCAL_RANK": LOCAL_RANK, "WORLD_SIZE": WORLD, "LOCAL_WORLD_SIZE": PER_NODE,
-                 "GROUP_RANK": RANK // PER_NODE, "MASTER_ADDR": "node0", "MASTER_PORT": 29500}
+    variables = launch_variables(RANK, WORLD, PER_NODE, MASTER_ADDR="node0", MASTER_PORT=29500)
     count, accelerator = (2, torch.device("cuda")) if gpus else (0, None)
     fakes = [(torch.cuda, "is_available", lambda: gpus), (torch.cuda, "device_count", lambda: count),
              (torch.cuda, "set_device", seen["set_device"].append), (torch.cuda, "current_device", current),
@@ -64,7 +64,7 @@ def _fakes(seen: dict, gpus: bool) -> tuple[dict, list[tuple[object, str, object
              (torch.accelerator, "current_device_index", current),
              (dist, "init_process_group", init), (dist, "is_initialized", lambda: seen["init"] is not None),
              (dist, "get_rank", joined("rank")), (dist, "get_world_size", joined("world_size"))]
-    return {k: str(v) for k, v in variables.items()}, [f for f in fakes if hasattr(f[0], f[1])]
+    return variables, [f for f in fakes if hasattr(f[0], f[1])]
 
 
 def _joined(init: dict) -> dict:

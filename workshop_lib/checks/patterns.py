@@ -8,9 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
-from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.recorder import Recorder
-from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 

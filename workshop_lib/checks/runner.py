@@ -25,6 +25,7 @@ import torch.distributed as dist
 from workshop_lib.checks.recorder import Recorder, recording
 from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.errors import first_line
 from workshop_lib.lab.ranks import Ranks
 from workshop_lib.lab.spawning import start_method
@@ -202,10 +203,9 @@ def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
 
 def _env(rank: int, port: int) -> dict[str, str]:
     """What ``torchrun --nnodes=2 --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
-    return {"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(WORLD), "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0", "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}  # Gloo on CPU, GPUs or not
+    return launch_variables(rank, WORLD, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                            TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=0, OMP_NUM_THREADS=1,
+                            PYTHONUNBUFFERED=1, CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
 
 
 def run(item: Item) -> Run:

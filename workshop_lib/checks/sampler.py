@@ -17,10 +17,9 @@ import torch.distributed as dist
 
 from workshop_lib.checks import shards as judged
 from workshop_lib.checks.common import CheckFailed, _call, _passed, judge_prediction
-from workshop_lib.checks.common import predict_first as predict_first  # the notebook's gate before a run
 from workshop_lib.checks.recorder import Recorder, passes, recording
-from workshop_lib.checks.script import check as script  # noqa: F401 (check.script(path) in the notebook)
 from workshop_lib.data import TokenizedDataset
+from workshop_lib.debug.launchenv import launch_variables
 
 
 def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
@@ -37,9 +36,7 @@ def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
 def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
     """This process as made-up ``rank`` of ``world_size``: torchrun's variables, and the group's answers."""
     stack = contextlib.ExitStack()
-    variables = {"RANK": rank, "LOCAL_RANK": rank % per_node, "WORLD_SIZE": world_size,
-                 "LOCAL_WORLD_SIZE": per_node, "GROUP_RANK": rank // per_node}
-    stack.enter_context(mock.patch.dict(os.environ, {k: str(v) for k, v in variables.items()}))
+    stack.enter_context(mock.patch.dict(os.environ, launch_variables(rank, world_size, per_node)))
     for name, fake in (("get_rank", lambda group=None: rank), ("get_world_size", lambda group=None: world_size),
                        ("is_initialized", lambda: True)):
         stack.enter_context(mock.patch.object(dist, name, fake))

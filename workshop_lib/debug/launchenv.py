@@ -1,4 +1,5 @@
-"""What torchrun told this process: the tools' one reader of its environment.
+"""What torchrun told this process: the tools' one reader of its environment (and, for the ranks the tools start
+or make up, its one writer: :func:`launch_variables`).
 
 A step script reads what it needs itself, in view (``int(os.environ["LOCAL_RANK"])``,
 ``dist.get_rank()``). The tools (the hang watch, the launchers, the checks)
@@ -50,3 +51,12 @@ def read_launch_env(environ: dict[str, str] | None = None) -> LaunchEnv:
         )
     except (KeyError, ValueError) as err:
         raise WorkshopError(f"incomplete torchrun environment ({err}); launch with torchrun, or unset WORLD_SIZE") from None
+
+
+def launch_variables(rank: int, world_size: int, per_node: int | None = None, **extra: object) -> dict[str, str]:
+    """What torchrun gives worker ``rank`` of ``world_size``, ``per_node`` workers a node (default: one node), plus
+    ``extra``: the variables :func:`read_launch_env` reads back."""
+    per_node = per_node or world_size
+    variables = {"RANK": rank, "LOCAL_RANK": rank % per_node, "WORLD_SIZE": world_size, "LOCAL_WORLD_SIZE": per_node,
+                 "GROUP_RANK": rank // per_node, **extra}
+    return {k: str(v) for k, v in variables.items()}

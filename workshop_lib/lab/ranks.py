@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.lab.processes import kill_tree
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -167,8 +168,4 @@ class Ranks:
 
 def lab_env(rank: int, world_size: int, **extra: str) -> dict[str, str]:
     """The variables torchrun gives a worker that the lab's ranks need (one node), plus ``extra``."""
-    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-           "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    env.update(extra)
-    return env
+    return launch_variables(rank, world_size, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **extra)

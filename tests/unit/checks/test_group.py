@@ -1,4 +1,4 @@
-"""checks.group.process_group: the learner's setup(timeout) as rank 3 of 4 (local rank 1) on a 2-GPU node and a CPU.
+"""checks.made_up_rank.process_group: the learner's setup(timeout) as rank 3 of 4 (local rank 1) on a 2-GPU node and a CPU.
 
 Every textbook form passes (env://, with or without timeout=, device_id= this process's GPU); each wrong one is
 named. Nothing is joined: init_process_group is observed, not called.
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import REPO
-from workshop_lib.checks import common, group
+from workshop_lib.checks import common, group, made_up_rank
 
 GPU_INIT = '        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)\n'
 CPU_INIT = '        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))\n'
@@ -39,7 +39,7 @@ def setup_with(*edits: tuple[str, str]):
 
 
 def test_the_solution_passes_without_notes(capsys):
-    group.process_group(setup_with())
+    made_up_rank.process_group(setup_with())
     out = capsys.readouterr().out
     assert out == ("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs, Gloo on a CPU; joined "
                    "as rank 3 of 4 through torchrun's variables; device_id=cuda:1 given (optional: with it NCCL "
@@ -57,7 +57,7 @@ def test_the_solution_passes_without_notes(capsys):
      (CPU_INIT, "        dist.init_process_group(timeout=timedelta(seconds=timeout))\n")],
 ], ids=["without_device_id", "device_id_int", "env_explicit", "rank_from_the_environment", "backend_left_out"])
 def test_every_textbook_form_passes(edits, capsys):
-    group.process_group(setup_with(*edits))
+    made_up_rank.process_group(setup_with(*edits))
     assert "joined as rank 3 of 4 through torchrun's variables" in capsys.readouterr().out
 
 
@@ -115,7 +115,7 @@ def setup_mapping(timeout):
 @pytest.mark.parametrize("setup", [setup_accelerator, setup_accelerator_device_id, setup_no_backend,
                                    setup_backend_per_device, setup_mapping])
 def test_every_form_of_the_torch_docs_passes(setup, capsys):
-    group.process_group(setup)
+    made_up_rank.process_group(setup)
     out = capsys.readouterr().out
     assert out.startswith("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs")
     given = setup in (setup_accelerator_device_id, setup_mapping)
@@ -134,11 +134,11 @@ def test_a_backend_hard_coded_for_one_device_names_the_rule_not_the_other_backen
     with pytest.raises(common.CheckFailed, match=re.escape(
             "on a node with 2 GPUs setup joined with backend 'cpu:gloo', which has no nccl for cuda tensors: join with "
             "the backend for the device, dist.get_default_backend_for_device(device)")):
-        group.process_group(setup)
+        made_up_rank.process_group(setup)
 
 
 def test_a_join_without_timeout_passes_with_a_note(capsys):
-    group.process_group(setup_with((CPU_INIT, '        dist.init_process_group("gloo")\n')))
+    made_up_rank.process_group(setup_with((CPU_INIT, '        dist.init_process_group("gloo")\n')))
     assert "; without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer\n" \
         in capsys.readouterr().out
 
@@ -172,13 +172,14 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
         "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo", "timeout_in_seconds"])
 def test_a_wrong_setup_is_named(edits, message):
     with pytest.raises(common.CheckFailed, match=re.escape(message)):
-        group.process_group(setup_with(*edits))
+        made_up_rank.process_group(setup_with(*edits))
 
 
-def test_each_notebook_check_module_offers_the_script_check():
-    from workshop_lib.checks import ddp, patterns, sampler, script
+def test_the_notebooks_reach_the_script_check_and_setups_through_the_facade():
+    from workshop_lib import check
+    from workshop_lib.checks import script
 
-    assert group.script is sampler.script is ddp.script is patterns.script is script.check
+    assert check.script is script.check and check.process_group is made_up_rank.process_group
 
 
 RESULTS = [{"all_gather": torch.tensor([1.0, 2.0, 10.0, 20.0]), "all_reduce": torch.tensor([11.0, 22.0])}] * 2

@@ -29,3 +29,14 @@ def test_torchrun_variables_are_read():
 def test_a_broken_environment_is_a_clear_error():
     with pytest.raises(WorkshopError, match="incomplete torchrun environment"):
         read_launch_env({"WORLD_SIZE": "2"})
+
+
+def test_the_variables_the_tools_give_a_rank_read_back_as_torchrun_s():
+    from workshop_lib.debug.launchenv import launch_variables
+
+    variables = launch_variables(3, 4, 2, MASTER_PORT=29500)
+    assert variables == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+                         "MASTER_PORT": "29500"}
+    env = read_launch_env(variables)
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (3, 1, 4, 2)
+    assert launch_variables(1, 2)["LOCAL_RANK"] == "1" and launch_variables(1, 2)["GROUP_RANK"] == "0"  # one node

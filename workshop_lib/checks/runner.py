@@ -10,6 +10,7 @@ within its 30 s; forked ranks start from this process's imports."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import runpy
@@ -117,6 +118,8 @@ def run_item(item: dict, log: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
+    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the checker had
+        faulthandler.enable(file=sys.stderr)
     for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
         os.environ.pop(name, None)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

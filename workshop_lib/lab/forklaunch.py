@@ -6,6 +6,7 @@ The ranks start through :class:`workshop_lib.lab.ranks.Ranks`: forked on Linux, 
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -64,6 +65,8 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
     os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the kernel gave it
+        faulthandler.enable(file=log)
     shipped = isinstance(fn, bytes)
     if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
         fn, args = spawning.unpack(fn)

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         raise NotImplementedError("fill in the TODO above")
         torch.manual_seed(cfg.seed + rank)  # the weights are rank 0's now (DDP broadcast them): dropout, each its own
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None
+        report = Reporter(cfg, "step3_ddp", splits, model, world_size) if rank == 0 else None
 
         best = BestModel()
         for epoch in range(cfg.epochs):
@@ -118,11 +118,11 @@ def main(argv: list[str] | None = None) -> None:
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
                 report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
 
-        if rank == 0:  # one file for the whole job, the plain model's weights
-            best.restore(model.module)
-            heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
-            torch.save(model.module.state_dict(), cfg.out / "model.pt")
-            report.finish(best, evaluate(model.module, heldout_loader, device), replica_spread=spread)
+        if rank == 0:  # one file for the whole job
+            # TODO: put the best epoch's weights back, save them to cfg.out / "model.pt" so that a plain SmilesLSTM
+            #       loads them (no "module." in the keys), and score them on the held-out split (step 2's four lines,
+            #       changed). Read: section 2 above.
+            raise NotImplementedError("fill in the TODO above")
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error
 

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # backward() now averages
         torch.manual_seed(cfg.seed + rank)  # the weights are rank 0's now (DDP broadcast them): dropout, each its own
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None
+        report = Reporter(cfg, "step3_ddp", splits, model, world_size) if rank == 0 else None
 
         best = BestModel()
         for epoch in range(cfg.epochs):
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
                 loss, samples = (totals[0] / totals[1]).item(), int(totals[1])
                 report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread=spread)
 
-        if rank == 0:  # one file for the whole job, the plain model's weights
+        if rank == 0:  # one file for the whole job
             best.restore(model.module)
             heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
             torch.save(model.module.state_dict(), cfg.out / "model.pt")

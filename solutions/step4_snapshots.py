@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout).to(device)
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)  # backward() now averages
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        report = Reporter(cfg, "step4_snapshots", splits, model.module, world_size) if rank == 0 else None
+        report = Reporter(cfg, "step4_snapshots", splits, model, world_size) if rank == 0 else None
 
         best = BestModel()
         first_epoch = 0
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                 save_snapshot(snapshot, cfg.out / checkpoint.SNAPSHOT)  # rank 0 alone writes it
 
         spread = replica_spread(model)  # again: a resumed run may have had no epoch left
-        if rank == 0:  # one file for the whole job, the plain model's weights
+        if rank == 0:  # one file for the whole job
             best.restore(model.module)
             heldout_loader = DataLoader(splits.heldout, batch_size=256, collate_fn=collate)
             torch.save(model.module.state_dict(), cfg.out / "model.pt")

@@ -148,6 +148,8 @@ MISTAKES = [
      "rank 0 evaluated the DDP wrapper (line <<dev_auc = evaluate(>>)"),
     ("keep_the_wrapper", STEP3, [("best.update(epoch, dev_auc, model.module)", "best.update(epoch, dev_auc, model)")],
      "the best weights were kept from DDP's wrapper, line <<best.update(epoch, dev_auc, model)>>"),
+    ("restore_into_the_wrapper", STEP3, [("best.restore(model.module)", "best.restore(model)")],
+     "a plain model's weights loaded into DDP's wrapper, whose keys start with module.: load into model.module"),
     ("save_the_wrapper", STEP3, [("torch.save(model.module.state_dict()", "torch.save(model.state_dict()")],
      "their keys start with 'module.'"),
     ("save_on_local_rank_0", STEP3, [(SAVE, ""), (FINISH, FINISH + '        if int(os.environ["LOCAL_RANK"]) == 0:\n'

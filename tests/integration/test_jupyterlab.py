@@ -2,10 +2,12 @@
 
 nbval runs the notebooks through a bare kernel; this runs them the way a learner
 does, through the JupyterLab UI, so a widget that does not render or a cell that
-only fails under the front end is caught too. A screenshot of each notebook goes
-to test-artifacts/. Needs Chromium (``apt-get install chromium``) and the
-``playwright`` package (never ``playwright install``: the system Chromium is
-used); without them the test skips.
+only fails under the front end is caught too. A second walk starts JupyterLab
+with the lab's environment off PATH (issue 41) and runs 01 through the cell
+after its ``!torchrun``. A screenshot of each walk goes to test-artifacts/.
+Needs Chromium (``apt-get install chromium``) and the ``playwright`` package
+(never ``playwright install``: the system Chromium is used); without them the
+test skips.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -36,6 +39,10 @@ ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 RUN_TIMEOUT_S = 150  # one notebook, Run All Cells to the last output
+# The system's PATH, without the lab environment's bin/: a server started as .venv/bin/jupyter lab, not activated.
+OFF_PATH = "/usr/bin:/bin"
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on show
+NOT_FOUND = re.compile(r"torchrun.*not found|not found.*torchrun")  # each shell's words (sh, bash, zsh)
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
@@ -77,9 +84,9 @@ def _get(url: str, timeout: float = 5.0):
 
 
 class Lab:
-    """A JupyterLab server on 127.0.0.1 with its own root, settings and token."""
+    """A JupyterLab server on 127.0.0.1 with its own root, settings and token; ``shell_path``: its PATH, else ours."""
 
-    def __init__(self, root: Path, home: Path):
+    def __init__(self, root: Path, home: Path, shell_path: str | None = None):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
         settings = home / "settings"
         # Every cell in the DOM (no windowing), and no autosave races. No news prompt nor update check: that comes
@@ -100,6 +107,9 @@ class Lab:
                       JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                       JUPYTER_DATA_DIR=str(home / "data"),
                       IPYTHONDIR=str(home / "ipython"), MPLBACKEND="module://matplotlib_inline.backend_inline")
+        if shell_path is not None:  # started by the environment's python by absolute path, the environment not activated
+            env.update(PATH=shell_path)
+            env.pop("VIRTUAL_ENV", None)
         self.log = home / "jupyterlab.log"
         self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -146,8 +156,11 @@ class Lab:
 
 
 @pytest.fixture
-def lab_and_browser(tmp_path):
-    """(lab, browser): a JupyterLab server with copies of the notebooks, and a headless Chromium."""
+def lab_and_browser(request, tmp_path):
+    """(lab, browser): a JupyterLab server with copies of the notebooks, and a headless Chromium.
+
+    Parametrized indirectly, the parameter is the server's PATH (:class:`Lab`'s ``shell_path``).
+    """
     chromium = _chromium()
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the package only)")
     root = tmp_path / "course" / "notebooks"  # a course folder: steps 2 to 4 borrow cells of the other notebooks
@@ -157,7 +170,7 @@ def lab_and_browser(tmp_path):
             pytest.skip(f"notebooks/{name} is not in this checkout")
     for source in (REPO / "notebooks").glob("*.ipynb"):
         shutil.copy(source, root / source.name)
-    lab = Lab(root, tmp_path / "home")
+    lab = Lab(root, tmp_path / "home", shell_path=getattr(request, "param", None))
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
@@ -197,20 +210,27 @@ def _open(lab: Lab, page, name: str) -> None:
         page.locator(".jp-DirListing-item", has_text=name).first.dblclick()
     else:
         page.goto(lab.url(f"lab/workspaces/uitest/tree/{name}"))  # a workspace of its own: only this notebook open
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").first.wait_for(timeout=60_000)
+    page.locator(f"{PANEL} .jp-CodeCell").first.wait_for(timeout=60_000)
     page.locator("#jp-main-statusbar", has_text="Idle").wait_for(timeout=60_000)  # its kernel started
 
 
-def _run_all_in_ui(lab: Lab, page, name: str) -> float:
-    """Open ``name`` in JupyterLab, clear it, Run > Run All Cells, wait until the run ends; the seconds it took."""
+def _run_in_ui(lab: Lab, page, name: str, above: int | None = None) -> float:
+    """Open ``name`` in JupyterLab, clear it, Run > Run All Cells, wait until the run ends; the seconds it took.
+
+    Given ``above`` (a cell's index), Run > Run All Above Selected Cell with that cell selected instead.
+    """
     opened = time.monotonic()
     _open(lab, page, name)
     _menu(page, "Edit", "Clear Outputs of All Cells")  # so [n] prompts and outputs can only come from this run
     page.wait_for_function("() => ![...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
                            ".some(p => /\\[\\d+\\]/.test(p.textContent))", timeout=10_000)
+    if above is not None:  # a click on its prompt selects the cell (command mode), as a learner's does
+        page.locator(f"{PANEL} .jp-Cell").nth(above).locator(".jp-InputPrompt").click()
+        page.wait_for_function(f"i => document.querySelectorAll('{PANEL} .jp-Cell')[i]"
+                               ".classList.contains('jp-mod-active')", arg=above, timeout=10_000)
     start = time.monotonic()
     print(f"{name}: opened with an idle kernel in {start - opened:.1f}s")
-    _menu(page, "Run", "Run All Cells")
+    _menu(page, "Run", "Run All Cells" if above is None else "Run All Above Selected Cell")
     page.wait_for_function(RUN_FINISHED, timeout=RUN_TIMEOUT_S * 1000, polling=500)
     return time.monotonic() - start
 
@@ -218,7 +238,7 @@ def _run_all_in_ui(lab: Lab, page, name: str) -> float:
 def _save_and_read(lab: Lab, page, name: str):
     """Save from the UI (Ctrl+S) and read back what JupyterLab wrote: the outputs as the front end has them."""
     before = (lab.root / name).stat().st_mtime_ns
-    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()
+    page.locator(f"{PANEL} .jp-Notebook").first.click()
     page.keyboard.press("Control+s")
     deadline = time.monotonic() + 30
     while True:  # saved: the file changed, the tab is clean again (the server answered), and it reads whole
@@ -235,8 +255,8 @@ def _save_and_read(lab: Lab, page, name: str):
 def _check_notebook(lab: Lab, page, name: str) -> set[str]:
     """Run ``name`` through the UI, check it, screenshot it; what rendered: 'widget', 'image'."""
     expected = _expected_outputs(REPO / "notebooks" / name)
-    seconds = _run_all_in_ui(lab, page, name)
-    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    seconds = _run_in_ui(lab, page, name)
+    panel = page.locator(PANEL)
 
     # No cell shows an error, in the page or in what the UI saves (a cell tagged raises-exception may, on purpose).
     # JupyterLab draws an error as stderr output (data-mime-type application/vnd.jupyter.stderr) with its traceback.
@@ -282,3 +302,51 @@ def test_notebooks_run_in_jupyterlab_with_progress_bar_and_plot(lab_and_browser)
     # The announcements plugin asks once the app is restored, long before a notebook has run to its end.
     assert page.get_by_text(NEWS_PROMPT).count() == 0, "JupyterLab asked about Jupyter news: lab settings not applied"
     assert rendered >= {"widget", "image"}, f"{NOTEBOOKS} showed only {sorted(rendered)}: a tqdm bar and a plot expected"
+
+
+def _text(outputs) -> str:
+    """What a cell's saved outputs say: streams, text, and errors as IPython rendered them (colours dropped)."""
+    parts = [out.get("text") or out.get("data", {}).get("text/plain") or "\n".join(out.get("traceback", []))
+             for out in outputs]
+    return re.sub(r"\x1b\[[0-9;]*m", "", "".join(parts))
+
+
+@pytest.mark.slow  # a JupyterLab server, a browser and a kernel
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("lab_and_browser", [OFF_PATH], indirect=True, ids=["environment-off-PATH"])
+def test_01_with_the_environment_off_path_names_the_missing_torchrun_in_one_line(lab_and_browser):
+    """Issue 41: JupyterLab started as .venv/bin/jupyter lab (its kernel's PATH without the environment's bin/).
+    01's `!torchrun` cell says the shell found no torchrun, and the cell after it says why, and the fix, in one line
+    (not that the learner's workers printed no record). Run from the top through that cell, no further."""
+    lab, browser = lab_and_browser
+    name = "01_process_group.ipynb"
+    cells = nbformat.read(REPO / "notebooks" / name, as_version=4).cells
+    code = [i for i, c in enumerate(cells) if c.cell_type == "code"]
+    shell = next(i for i in code if cells[i].source.startswith("!") and "torchrun" in cells[i].source)
+    verdict = next(i for i in code if i > shell)
+    (lab.root.parent / "solutions").mkdir()  # a clone's layout: lab_root() is the course folder, as a learner's
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    seconds = _run_in_ui(lab, page, name, above=verdict + 1)
+    saved = _save_and_read(lab, page, name)
+
+    ran = [i for i in code if saved.cells[i].get("execution_count")]
+    assert ran == [i for i in code if i <= verdict], f"cells {ran} ran; those up to {verdict} expected\n{lab.tail()}"
+    said = _text(saved.cells[shell].outputs)
+    assert NOT_FOUND.search(said), f"the !torchrun cell said {said!r}"
+    told = _text(saved.cells[verdict].outputs)
+    assert told.startswith("WorkshopError: the run printed nothing, and this kernel's shell finds no torchrun on its "
+                           "PATH"), told
+    assert len(told.splitlines()) == 1 and "Traceback" not in told and "worker record" not in told, told
+    assert "(the cell above says torchrun was not found)" in told  # true of what this kernel's $SHELL printed
+    assert f"{sys.executable} -m torch.distributed.run" in told and ". .venv/bin/activate && jupyter lab" in told
+
+    # The UI shows the same: the shell's words under the !torchrun cell, the one line under the next.
+    ui_cells = page.locator(f"{PANEL} .jp-Cell")
+    assert NOT_FOUND.search(ui_cells.nth(shell).locator(".jp-OutputArea").inner_text())
+    shown = ui_cells.nth(verdict).locator(".jp-OutputArea-output")
+    assert shown.count() == 1 and shown.inner_text().strip() == told, shown.all_inner_texts()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shown.scroll_into_view_if_needed()
+    page.screenshot(path=f"{ARTIFACTS}/jupyterlab_{Path(name).stem}_environment_off_path.png")
+    print(f"{name}: cells {ran} ran in {seconds:.1f}s in JupyterLab with PATH={OFF_PATH}; the cell after "
+          f"!torchrun said: {told}")

@@ -42,15 +42,20 @@ def read_records(output: Sequence[str]) -> list[dict]:
 
 
 def _no_record(output: Sequence[str]) -> str:
-    """Why a run's output holds no worker record: torchrun never ran (not on the shell's PATH), or nothing printed one."""
+    """Why a run's output holds no worker record: torchrun never ran (not on the shell's PATH), or nothing printed one.
+
+    Each shell says "not found" in its own words (sh: "torchrun: not found", bash: "torchrun: command not found",
+    zsh: "command not found: torchrun"; ``!`` runs $SHELL), so the line quotes none of them.
+    """
+    import shlex
     import shutil
     import sys
 
     if not any(line.strip() for line in output) and shutil.which("torchrun") is None:
-        return ("the run printed nothing, and this kernel's shell finds no torchrun on its PATH (the cell said "
-                "\"torchrun: not found\"): JupyterLab was started outside the lab's environment; start it from the "
-                f"activated environment (. .venv/bin/activate && jupyter lab), or type {sys.executable} -m "
-                "torch.distributed.run where the cell says torchrun")
+        return ("the run printed nothing, and this kernel's shell finds no torchrun on its PATH (the cell above says "
+                "torchrun was not found): JupyterLab was started outside the lab's environment; start it from the "
+                f"activated environment (. .venv/bin/activate && jupyter lab), or type {shlex.quote(sys.executable)} "
+                "-m torch.distributed.run where the cell says torchrun")
     if not any(line.strip() for line in output):
         return "the run printed nothing: run the torchrun cell above first, then this one"
     return "the run printed no worker record; print proctree.worker_record() in each worker"

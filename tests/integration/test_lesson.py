@@ -184,3 +184,12 @@ def test_step0_has_no_distributed_line():
     assert not calls(module, "init_process_group") and not calls(module, "DistributedSampler")
     assert not [n for n in ast.walk(module) if isinstance(n, ast.ImportFrom)
                 and (n.module or "").startswith("torch.distributed")]
+
+
+def test_step_3s_exercise_leaves_every_use_of_the_plain_model_to_the_learner():
+    """model.module (evaluate, keep, restore, save) is what learners get wrong: 03 gives none of it away."""
+    todo = (REPO / "exercises" / "step3_ddp_todo.py").read_text()
+    solved = (REPO / "solutions" / "step3_ddp.py").read_text()
+    assert "model.module" not in todo, [line for line in todo.splitlines() if "model.module" in line]
+    uses = [line.strip() for line in solved.splitlines() if "model.module" in line and not line.lstrip().startswith("#")]
+    assert {"best.restore(model.module)", 'torch.save(model.module.state_dict(), cfg.out / "model.pt")'} <= set(uses)

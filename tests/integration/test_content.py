@@ -159,6 +159,38 @@ def test_stored_progress_bars_show_their_final_state():
     assert not frozen, "progress bars stored before they moved (re-execute these notebooks):\n" + "\n".join(frozen)
 
 
+# ---- the core path teaches in pictures (issue 41) ------------------------------------------------------------------
+
+CORE_FIGURES = 8  # images stored among 00-03's outputs, at least: the figures cut to fit an old count came back
+# The cells that draw the figures cut from 00-02 once: (notebook, the call), each one cell storing its image.
+RESTORED = [("00_baseline.ipynb", "plots.length_histogram(lengths)"),
+            ("00_baseline.ipynb", 'plots.training_curves(RUNS / "nb00")'),
+            ("01_process_group.ipynb", "proctree.two_nodes(nnodes=2, nproc_per_node=2)"),
+            ("02_distributed_sampler.ipynb", "plots.shard_picture(frozen, 24")]
+
+
+def figures(c) -> int:
+    """The images a code cell stores, as tools/budget.py counts them (a room spends a minute on each)."""
+    from tools import budget
+
+    return budget.cell_count(c).figures if c.cell_type == "code" else 0
+
+
+def test_the_core_path_holds_its_figures():
+    core = sorted(NOTEBOOKS.glob("0[0-3]_*.ipynb"))
+    assert [p.name[:3] for p in core] == ["00_", "01_", "02_", "03_"]
+    drawn = {p.name: sum(figures(c) for c in notebook(p.name).cells) for p in core}
+    assert sum(drawn.values()) >= CORE_FIGURES, (f"00-03 store {sum(drawn.values())} figures ({drawn}), fewer than "
+                                                 f"{CORE_FIGURES}: a figure's cell stores no image (re-execute it)")
+
+
+@pytest.mark.parametrize(("name", "call"), RESTORED, ids=[f"{n[:2]} {c.split('(')[0]}" for n, c in RESTORED])
+def test_each_restored_figure_is_drawn_by_its_cell(name, call):
+    cells = [c for c in notebook(name).cells if c.cell_type == "code" and call in c.source]
+    assert len(cells) == 1, f"{name}: {len(cells)} cells call {call}, not 1"
+    assert figures(cells[0]) == 1, f"{name} cell {cells[0].get('id')}: {call} stored no image (re-execute {name})"
+
+
 # ---- torchrun as it is typed: --standalone on one node ------------------------------------------------------------
 
 # A torchrun command: torchrun, its flags, and what it runs (a script, a module, a placeholder), to the end of the

@@ -1,17 +1,55 @@
-"""Figures for the notebooks: who sees which molecule, the speed-up; each returned closed, so a cell shows it once."""
+"""Figures for the notebooks: the molecules' lengths, a run's curves, who sees which molecule, the speed-up; each
+returned closed, so a cell shows it once."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
 
 from workshop_lib.errors import WorkshopError
 
 
-def _new_figure(width: float, height: float):
-    """A figure with one axes, closed in pyplot: the cell that returns it shows it once."""
+def _new_figure(width: float, height: float, ncols: int = 1):
+    """A figure with ``ncols`` axes side by side, closed in pyplot: the cell that returns it shows it once."""
     import matplotlib.pyplot as plt  # pyplot, not Figure(): Jupyter's inline display hooks in on this import
 
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
     plt.close(fig)
-    return fig, [ax]
+    return fig, list(axes[0])
+
+
+def length_histogram(lengths: Sequence[int]):
+    """How many molecules have each number of tokens: one bar per length, so a batch's padding can be read off."""
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        raise WorkshopError("length_histogram needs the token count of at least one molecule")
+    fig, (ax,) = _new_figure(width=6.0, height=2.8)
+    ax.hist(lengths, bins=range(min(lengths), max(lengths) + 2), color="#4c78a8")  # one bin per token count
+    ax.set(xlabel="tokens per molecule", ylabel="molecules", title=f"{len(lengths):,} SMILES: tokens per molecule")
+    fig.tight_layout()
+    return fig
+
+
+def training_curves(out: str | Path):
+    """One run's train loss and dev ROC AUC per epoch, as its ``metrics.json`` (the Reporter's) holds them."""
+    from workshop_lib.metrics import read_metrics
+
+    try:
+        history = read_metrics(out)["history"]
+    except (OSError, ValueError, KeyError):
+        raise WorkshopError(f"no finished run in {out} (its metrics.json, with a history): run the training cell "
+                            "above first, with --out pointing there") from None
+    epochs = [row["epoch"] + 1 for row in history]  # counted from 1, as on the console
+    fig, (ax_loss, ax_auc) = _new_figure(width=8.0, height=3.0, ncols=2)
+    ax_loss.plot(epochs, [row["train_loss"] for row in history], marker="o")
+    ax_loss.set(title="Training loss", xlabel="epoch", ylabel="mean train loss (BCE)")
+    ax_auc.plot(epochs, [row["dev_roc_auc"] for row in history], marker="o", color="#f58518")
+    ax_auc.set(title="Dev ROC AUC", xlabel="epoch", ylabel="dev ROC AUC")
+    for ax in (ax_loss, ax_auc):
+        ax.set_xticks(epochs)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def shard_picture(grid, n: int, title: str | None = None):

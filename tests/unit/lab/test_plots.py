@@ -46,6 +46,35 @@ def test_the_reporter_writes_each_epoch_to_tensorboard(tmp_path, capsys):
     assert read["throughput/samples_per_second"] == pytest.approx([200.0, 200.0, 200.0])
 
 
+def test_length_histogram_has_one_bar_per_length_holding_its_molecules():
+    lengths = [3, 5, 5, 9, 5, 3]
+    ax = plots.length_histogram(lengths).axes[0]
+    heights = [round(bar.get_height()) for bar in ax.patches]
+    starts = [round(bar.get_x()) for bar in ax.patches]
+    assert starts == list(range(3, 10))  # one bar per token count, from the shortest to the longest
+    assert heights == [2, 0, 3, 0, 0, 0, 1]  # the molecules of each length
+    assert sum(heights) == len(lengths) and ax.get_xlabel() == "tokens per molecule"
+    with pytest.raises(WorkshopError, match="at least one molecule"):
+        plots.length_histogram([])
+
+
+def test_training_curves_draw_what_the_reporter_wrote(tmp_path, capsys):
+    out = fake_run(tmp_path / "run", [0.7, 0.5, 0.4], [0.6, 0.75, 0.8])
+    ax_loss, ax_auc = plots.training_curves(out).axes
+    (loss,), (auc,) = ax_loss.get_lines(), ax_auc.get_lines()
+    assert list(loss.get_xdata()) == list(auc.get_xdata()) == [1, 2, 3]  # epochs counted from 1, as on the console
+    assert list(loss.get_ydata()) == pytest.approx([0.7, 0.5, 0.4])
+    assert list(auc.get_ydata()) == pytest.approx([0.6, 0.75, 0.8])
+    assert "loss" in ax_loss.get_ylabel() and "ROC AUC" in ax_auc.get_ylabel()
+    assert list(plots.training_curves(out / "metrics.json").axes[0].get_lines()[0].get_ydata()) == \
+        pytest.approx([0.7, 0.5, 0.4])  # the file itself works too
+
+
+def test_training_curves_name_a_run_that_did_not_finish(tmp_path):
+    with pytest.raises(WorkshopError, match="run the training cell"):
+        plots.training_curves(tmp_path)
+
+
 def _sampler_orders(n: int, world_size: int, epochs: int, set_epoch: bool) -> list[list[list[int]]]:
     orders = []
     for epoch in range(epochs):

@@ -261,21 +261,50 @@ class Plan:
     blocks: tuple[str | tuple[int, str], ...]  # a notebook's name prefix ("01_"), or (minutes, what) of a fixed block
     before: tuple[str, ...] = ()  # the notebooks done before the session (pre-work)
     start: str = "0:00"  # the clock time the session starts at
+    cut: tuple[tuple[str, str], ...] = ()  # (a notebook's prefix, a section's number "5.") the session leaves out
 
     def notebooks(self) -> list[str]:
         return [b for b in self.blocks if isinstance(b, str)]
 
+    def taught(self, room: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """``room`` (each notebook's stated teaching and exercise minutes) less the sections the plan cuts."""
+        taught = dict(room)
+        for prefix, number in self.cut:
+            name = next((n for n in room if n.startswith(prefix)), None)
+            section = _stated_section(name, number) if name else None
+            if section is None:
+                raise ValueError(f"the {self.name} cuts section {number} of {prefix}, which notebooks/ does not hold")
+            taught[name] = (taught[name][0] - section[0], taught[name][1] - section[1])
+        return taught
+
+    def cuts(self) -> str:
+        """The sections the plan leaves out, as its rows name them: "01 §6, 03 §5"."""
+        return ", ".join(f"{prefix.rstrip('_')} §{number.rstrip('.')}" for prefix, number in self.cut)
+
+
+def _stated_section(name: str, number: str) -> tuple[int, int] | None:
+    """(teaching, exercises) a room takes for section ``number`` ("5.") of notebooks/``name``, as its heading states."""
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.ipynb", as_version=4)
+    for cell in nb.cells:
+        heading = _SECTION.search(cell.source) if cell.cell_type == "markdown" else None
+        if heading and heading.group("title").startswith(number + " "):
+            teaching, exercises = stated_room(cell.metadata)
+            return teaching or 0, exercises or 0
+    return None
+
 
 THREE_HOURS = Plan("3-hour session", 180, (
-    (10, "welcome; the pre-work's two lines from each learner (the self-test's `ready`, 00's `best epoch` line); the "
-         "problem: one process, one device"),
+    (5, "welcome (the pre-work's two lines came in the week before); the problem: one process, one device"),
     "01_", (10, "break"), "02_", "03_",
-    (5, "`python -m workshop_lib.check --all` around the room; what the optional parts hold")), before=("00_",))
+    (5, "`python -m workshop_lib.check --all` around the room; 03's speed-up figure; what the optional parts hold")),
+    before=("00_",), cut=(("01_", "6."), ("03_", "5.")))  # the projector's two demonstrations the full day keeps
 FULL_DAY = Plan("full day", 510, (
     (15, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device"),
     "00_", "01_", (15, "break"), "02_", "03_", (45, "lunch"), "04a_", (15, "break"), "05_",
     (10, "`python -m workshop_lib.check --all` around the room; the day's recap; what 04b, 04c and 06 hold")),
-    start="9:00")
+    start="9:00", cut=(("05_", "6."),))  # 05's fifth lab: homework, after four in the room
 PLANS = (THREE_HOURS, FULL_DAY)
 
 
@@ -288,6 +317,7 @@ def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, i
     missing = [p for p, n in names.items() if n is None]
     if missing:
         raise ValueError(f"the {plan.name} names notebooks {missing} that are not in notebooks/")
+    room = plan.taught(room)
     lab = [sum(room[n]) for n in names.values()]
     buffer = plan.minutes - sum(lab) - sum(b[0] for b in plan.blocks if not isinstance(b, str))
     if buffer < 0:
@@ -299,7 +329,9 @@ def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, i
         if isinstance(block, str):
             name = names[block]
             teaching, exercises = room[name]
-            what = f"{name}: {teaching} min teaching, {exercises} min exercises, {shares[i]} min of buffer"
+            cut = [f"§{n.rstrip('.')}" for p, n in plan.cut if name.startswith(p)]
+            left = f" (without {', '.join(cut)})" if cut else ""
+            what = f"{name}{left}: {teaching} min teaching, {exercises} min exercises, {shares[i]} min of buffer"
             rows.append((start, teaching + exercises + shares[i], what))
             i += 1
         else:
@@ -310,6 +342,7 @@ def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, i
 
 def plan_sums(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[int, int, int]:
     """(teaching, exercises, buffer) minutes of ``plan``: its notebooks' sums, and what the session leaves over."""
+    room = plan.taught(room)
     names = [next(n for n in room if n.startswith(p)) for p in plan.notebooks()]
     teaching, exercises = sum(room[n][0] for n in names), sum(room[n][1] for n in names)
     fixed = sum(b[0] for b in plan.blocks if not isinstance(b, str))
@@ -354,6 +387,7 @@ def plans_table(counts: list[Count]) -> str:
     for plan in PLANS:
         teaching, exercises, buffer = plan_sums(plan, room)
         before = f"; {', '.join(p.rstrip('_') for p in plan.before)} before it, as pre-work" if plan.before else ""
+        before += f"; without {plan.cuts()}" if plan.cut else ""
         rows.append(f"{plan.name} ({plan.minutes} min: {', '.join(p.rstrip('_') for p in plan.notebooks())}{before}): "
                     f"{teaching} min teaching + {exercises} min exercises + "
                     f"{plan.minutes - teaching - exercises - buffer} min of welcome, breaks and wrap-up; "

@@ -68,7 +68,7 @@ def plan(which: budget.Plan = budget.THREE_HOURS) -> list[tuple[int, int, str]]:
     eps = episodes.episodes()
     rows = budget.plan_rows(which, {e.name: (e.teaching or 0, e.practice or 0) for e in eps})
     links = {e.name: f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`" for e in eps}
-    return [(start, minutes, re.sub(r"^(\w+):", lambda m: links.get(m.group(1), m.group(1)) + ":", what))
+    return [(start, minutes, re.sub(r"^\w+", lambda m: links.get(m.group(0), m.group(0)), what))
             for start, minutes, what in rows]
 
 

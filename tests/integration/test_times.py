@@ -141,3 +141,15 @@ def test_the_readme_states_the_plans_sums():
             in readme), "README.md's sentence on the three-hour session no longer states budget.plan_sums"
     assert f"({budget.plan_sums(budget.FULL_DAY, room())[2]} min of buffer)" in readme, \
         "README.md's sentence on the full day no longer states its buffer"
+
+
+def test_a_plan_leaves_out_the_sections_it_cuts_and_says_so():
+    whole = budget.Plan("whole", 180, ("01_", "03_"))
+    cut = budget.Plan("cut", 180, ("01_", "03_"), cut=(("03_", "5."),))
+    section = next(c for c in counts() if c.title.startswith("03_")).parts[4]
+    assert section.title.startswith("5. On the projector")
+    (t0, x0, b0), (t1, x1, b1) = budget.plan_sums(whole, room()), budget.plan_sums(cut, room())
+    assert (t0 - t1, x0 - x1, b1 - b0) == (section.stated_room[0], section.stated_room[1], section.stated_room[0])
+    assert "03_ddp (without §5):" in budget.plan_rows(cut, room())[1][2]
+    with pytest.raises(ValueError, match=r"cuts section 9\. of 03_"):
+        budget.plan_sums(budget.Plan("bad", 180, ("03_",), cut=(("03_", "9."),)), room())

@@ -13,6 +13,7 @@ from workshop_lib import check
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 CALL = re.compile(r"\bcheck\.(\w+)\(")
+NAMED = re.compile(r"\bcheck\.([A-Za-z_]\w*)")  # any name a cell or the prose reads from the facade
 
 
 @pytest.mark.parametrize("name", sorted(check.CHECKS))
@@ -39,3 +40,17 @@ def test_every_check_a_notebook_calls_is_in_the_facade_and_comes_through_it():
 def test_an_unknown_check_is_one_line_naming_the_checks():
     with pytest.raises(AttributeError, match=r"workshop_lib.check has no check 'shard'; the checks are .*shards"):
         check.shard  # noqa: B018 (the attribute read is the test)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_name_a_notebook_reads_from_the_facade_is_there(path):
+    """Not only the calls: a constant a check cell passes (03's run names) or the prose names (06's MLP) resolves."""
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    for name in sorted(set(NAMED.findall(text)) - {"py"}):  # `workshop_lib/check.py`, a file the prose names
+        assert getattr(check, name) is not None, name
+
+
+@pytest.mark.parametrize("name", sorted(check.NAMES))
+def test_every_name_is_read_by_a_notebook(name):
+    text = "\n".join(c.source for p in NOTEBOOKS for c in nbformat.read(p, as_version=4).cells)
+    assert f"check.{name}" in text, f"check.{name} is in the facade, and no notebook reads it"

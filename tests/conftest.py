@@ -92,7 +92,14 @@ def load_step(name: str):
 
 @pytest.fixture
 def world_of_one(monkeypatch):
-    """torchrun's variables for one process, so a step script's ``main`` joins a real gloo group of one.
+    """torchrun's variables for one process, so a step script's ``main`` joins a real gloo group of one."""
+    with one_process_world(monkeypatch):
+        yield
+
+
+@contextlib.contextmanager
+def one_process_world(monkeypatch: pytest.MonkeyPatch):
+    """:func:`world_of_one`'s setting, for a fixture of a wider scope (its own ``pytest.MonkeyPatch.context()``).
 
     MASTER_PORT=0: rank 0's store binds a free port itself. One thread, as each rank under torchrun.
     (``@record`` cannot enable faulthandler on pytest's captured stderr: it warns, harmlessly.)
@@ -104,8 +111,10 @@ def world_of_one(monkeypatch):
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
         monkeypatch.setenv(name, value)
     threads = torch_threads(1)
-    yield
-    torch_threads(threads)
+    try:
+        yield
+    finally:
+        torch_threads(threads)
 
 
 @contextlib.contextmanager

@@ -1,15 +1,10 @@
-"""One optimizer step, run by the gradient-equivalence test under torchrun (or in-process, without DDP).
-
-    torchrun --standalone --nproc_per_node=2 tests/workers/ddp_step_worker.py OUT.pt
-"""
+"""One optimizer step, for the gradient-equivalence test (tests/unit/core/test_ddp.py): on forked ranks with DDP, or
+in-process without it."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -39,16 +34,3 @@ def one_step(rank: int, world_size: int, steps: int = 1, ddp: bool = False) -> d
     plain = model.module if ddp else model
     return {k: v.detach().clone() for k, v in plain.state_dict().items()}
 
-
-def main() -> None:
-    dist.init_process_group("gloo")
-    try:
-        state = one_step(dist.get_rank(), dist.get_world_size(), ddp=True)
-        if dist.get_rank() == 0:
-            torch.save(state, sys.argv[1])
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -2,9 +2,9 @@
 
 Every rank joins the group as a step script does (env://, timeout TIMEOUT seconds)
 and all-reduces in a loop; the last rank fails after a few rounds, as MODE says:
-``raise`` an exception, ``exit`` at once through os._exit (as a crash or the OOM
-killer would), or ``hang``: stay alive but never join the next collective. The
-others are then blocked in an all_reduce that can never complete. With a third
+``raise`` an exception, or ``exit`` at once through os._exit (as a crash or the OOM
+killer would). The others are then blocked in an all_reduce that can never
+complete. (A rank that stays alive but never joins: tests/workers/hang_worker.py.) With a third
 argument, the processes launched with ``fail`` fail (one node of two).
 ``@record`` puts a rank's exception into torchrun's failure summary.
 """
@@ -33,8 +33,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"rank {rank} fails now ({mode}) at {time.time():.3f}", flush=True)
                 if mode == "raise":
                     raise RuntimeError(f"rank {rank} raised on purpose")
-                if mode == "hang":
-                    time.sleep(3600)  # alive, but never reaches the next collective
                 os._exit(3)
             t = torch.ones(1)
             dist.all_reduce(t)

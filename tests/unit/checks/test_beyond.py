@@ -1,4 +1,9 @@
-"""Notebook 06's exercises: each solution passes its check, and each classic mistake is named in one line."""
+"""Notebook 06's exercises: each classic mistake is named in one line.
+
+That each solution passes its check is notebook 06's own replay (nbval): its cells nb06-ex1-check, nb06-ex2-check and
+nb06-ex4-check run check.compiled_ddp, check.fsdp and check.resume on the solutions and compare the ✓ lines with the
+stored ones; a run of the same solutions here repeated them.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +19,6 @@ from workshop_lib.checks import beyond
 from workshop_lib.checks.common import CheckFailed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
-
-
-def compile_inner(model, backend, bucket_cap_mb):
-    model.compile(backend=backend)
-    return DDP(model, bucket_cap_mb=bucket_cap_mb)
 
 
 def compile_wrapper(model, backend, bucket_cap_mb):
@@ -103,22 +103,12 @@ def make_resume(optimizer_too=True, uses_rank=False):
     return resume
 
 
-def test_compile_solution_passes(capsys):
-    beyond.compiled_ddp(compile_inner)
-    assert f"{beyond.MLP_BUCKETS} graphs" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize(("fn", "line"), [
     (compile_wrapper, "you compiled the DDP wrapper"),
 ])
 def test_compile_mistakes_named(fn, line):
     with pytest.raises(CheckFailed, match=line):
         beyond.compiled_ddp(fn)
-
-
-def test_fsdp_solution_passes(capsys):
-    beyond.fsdp(shard_blocks, make_evaluate())
-    assert "4 fully_shard units" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("shard", "evaluate", "line"), [
@@ -130,11 +120,6 @@ def test_fsdp_mistakes_named(shard, evaluate, line):
     with pytest.raises(CheckFailed, match=line):
         beyond.fsdp(shard, evaluate)
     assert time.monotonic() - start < 30  # rank 0 alone in a collective ends in bounded time
-
-
-def test_resume_solution_passes(capsys):
-    beyond.resume(make_resume())
-    assert "bit for bit" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("fn", "line"), [

@@ -10,12 +10,13 @@ import json
 import os
 import pickle
 import random
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import load_step, raises_in_process
+from tests.conftest import load_step, one_process_world, raises_in_process
 from workshop_lib import checkpoint
 from workshop_lib.errors import InputError
 
@@ -31,6 +32,21 @@ def step4(world_of_one):
 def train(step4, out, *args) -> dict:
     """Run step 4 into ``out``; return its metrics.json."""
     step4.main([*QUICK, "--out", str(out), *args])
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """A finished 1-epoch run of step 4 (QUICK), trained once for the module: the old run most tests start from."""
+    out = tmp_path_factory.mktemp("one-epoch")
+    with pytest.MonkeyPatch.context() as monkeypatch, one_process_world(monkeypatch):
+        train(load_step("step4_snapshots"), out, "--epochs", "1")
+    return out
+
+
+def trained(one_epoch, out) -> dict:
+    """``out`` as ``train(step4, out, "--epochs", "1")`` leaves it (a copy of :func:`one_epoch`); its metrics.json."""
+    shutil.copytree(one_epoch, out, dirs_exist_ok=True)
     return json.loads((out / "metrics.json").read_text())
 
 
@@ -72,8 +88,8 @@ def test_resume_continues_exactly_where_it_stopped(step4, tmp_path, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_resume_from_an_explicit_path_into_a_new_out(step4, tmp_path):
-    train(step4, tmp_path / "a", "--epochs", "1")
+def test_resume_from_an_explicit_path_into_a_new_out(step4, tmp_path, one_epoch):
+    trained(one_epoch, tmp_path / "a")
     m = train(step4, tmp_path / "b", "--epochs", "2", "--resume", str(tmp_path / "a" / checkpoint.SNAPSHOT))
     assert [h["epoch"] for h in m["history"]] == [0, 1]
     assert json.loads((tmp_path / "b" / "metrics.json").read_text())["epochs"] == 2
@@ -81,8 +97,8 @@ def test_resume_from_an_explicit_path_into_a_new_out(step4, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_corrupt_snapshot_is_one_line(step4, tmp_path, damage):
-    train(step4, tmp_path, "--epochs", "1")
+def test_a_corrupt_snapshot_is_one_line(step4, tmp_path, damage, one_epoch):
+    trained(one_epoch, tmp_path)
     path = tmp_path / checkpoint.SNAPSHOT
     data = path.read_bytes()
     path.write_bytes({"truncated": data[: len(data) // 2], "garbage": os.urandom(4096), "empty": b""}[damage])
@@ -130,8 +146,8 @@ def test_another_model_size_is_refused(step4, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_another_world_size_is_refused(step4, tmp_path):
-    train(step4, tmp_path, "--epochs", "1")
+def test_another_world_size_is_refused(step4, tmp_path, one_epoch):
+    trained(one_epoch, tmp_path)
     path = tmp_path / checkpoint.SNAPSHOT
     snap = torch.load(path, weights_only=True)
     snap["world_size"] = 2  # as if two processes had written it
@@ -141,8 +157,8 @@ def test_another_world_size_is_refused(step4, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_failed_write_keeps_the_previous_snapshot(step4, tmp_path, monkeypatch):
-    train(step4, tmp_path, "--epochs", "1")
+def test_a_failed_write_keeps_the_previous_snapshot(step4, tmp_path, monkeypatch, one_epoch):
+    trained(one_epoch, tmp_path)
     path = tmp_path / checkpoint.SNAPSHOT
     before = path.read_bytes()
 
@@ -172,9 +188,9 @@ def test_seed_epoch_depends_on_seed_epoch_and_rank_only():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("old_run", ["interrupted", "finished"])
-def test_another_learning_rate_never_resumes_the_old_run(step4, tmp_path, capsys, old_run):
+def test_another_learning_rate_never_resumes_the_old_run(step4, tmp_path, capsys, old_run, one_epoch):
     """Ctrl-C after epoch 1 of 3, or a finished 1-epoch run, then a rerun with --lr 1e-3: one line, both alike."""
-    train(step4, tmp_path, "--epochs", "1")
+    trained(one_epoch, tmp_path)
     epochs = "3" if old_run == "interrupted" else "1"
     err = fail(step4, "--epochs", epochs, "--lr", "1e-3", "--out", str(tmp_path))
     assert err == (f"error: snapshot {tmp_path / checkpoint.SNAPSHOT} belongs to another run (lr 0.008 there, "
@@ -232,8 +248,8 @@ def test_a_crash_after_the_last_snapshot_finishes_without_retraining(step4, tmp_
 
 
 @pytest.mark.timeout(120)
-def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step4, tmp_path, capsys):
-    first = train(step4, tmp_path, "--epochs", "1")
+def test_a_finished_run_is_evaluated_again_and_more_epochs_continue_it(step4, tmp_path, capsys, one_epoch):
+    first = trained(one_epoch, tmp_path)
     again = train(step4, tmp_path, "--epochs", "1")
     out = capsys.readouterr().out
     assert "epoch 1/1 was done; the run had finished (metrics.json): evaluating it again, nothing to train" in out

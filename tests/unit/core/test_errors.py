@@ -71,15 +71,15 @@ def test_unwritable_output_directory(tmp_path, world_of_one, step):
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("args", "status", "message"), [
-    (["--epocs", "3"], 2, "error: unrecognized arguments: --epocs 3 (see step0_baseline.py --help)"),
-    (["--epochs", "0"], 2, "error: argument --epochs: must be >= 1, got 0 (see step0_baseline.py --help)"),
-    (["--data", "missing.csv"], 1, "error: data file missing.csv not found; pass --data PATH to a CSV with SMILES "
-                                   "and 0/1 labels"),
-])
-def test_the_real_process_prints_one_line(tmp_path, args, status, message):
-    proc = run_python([SOLUTIONS / "step0_baseline.py", *args, "--out", tmp_path / "out"], timeout=50)
-    assert (proc.returncode, proc.stderr) == (status, message + "\n")
+def test_the_real_process_prints_one_line(tmp_path):
+    """An argparse error, in a step script's real process: its one line (with the script's name), exit status 2.
+
+    The other argparse errors take the same path (their lines: test_config.py's
+    test_argparse_errors_are_one_line_and_exit_2); an InputError's one line and exit status 1 in real processes:
+    test_uncaught_it_is_one_line_and_exit_status_1 above and, from a step script, the torchrun test below."""
+    proc = run_python([SOLUTIONS / "step0_baseline.py", "--epocs", "3", "--out", tmp_path / "out"], timeout=50)
+    assert (proc.returncode, proc.stderr) == (2, "error: unrecognized arguments: --epocs 3 (see step0_baseline.py "
+                                                 "--help)\n")
     assert not (tmp_path / "out").exists()
 
 

@@ -100,22 +100,22 @@ def test_what_spawn_cannot_send_is_refused_in_one_line_before_any_rank_starts(sp
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_cells_function_with_its_globals_runs_on_spawned_ranks_and_its_class_comes_back(spawn, capsys):
-    ns = cell()
-    ranks = forklaunch.notebook_launch(ns["summed"], 2, timeout=100)
-    assert [(r.rank, r.total) for r in ranks] == [(0, 30.0), (1, 30.0)]  # (1 + 2) x SCALE on every rank
-    assert all(type(r) is ns["Seen"] for r in ranks)  # rebuilt as the notebook's own class, not a copy
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_lambda_and_a_function_of_a_runpy_module_travel_by_value(spawn, tmp_path):
-    helpers = tmp_path / "helpers.py"  # as notebook 04a takes step 3's functions: runpy.run_path
+def test_a_cells_function_a_lambda_and_a_runpy_modules_function_travel_by_value(spawn, tmp_path, capsys):
+    """One launch: a function of a runpy module (as notebook 04a takes step 3's functions) with its globals, given a
+    lambda and a cell's function with its globals, whose class comes back. (A cell's function as the launched
+    function itself: the two tests below.)"""
+    helpers = tmp_path / "helpers.py"
     helpers.write_text("import torch.distributed as dist\n\nOFFSET = 100\n\n\n"
-                       "def rank_info(env, extra):\n    return env.rank + OFFSET + extra(env.rank), dist.get_world_size()\n")
+                       "def rank_info(env, extra, cells):\n"
+                       "    return env.rank + OFFSET + extra(env.rank), dist.get_world_size(), cells(env)\n")
     rank_info = runpy.run_path(str(helpers))["rank_info"]
-    assert forklaunch.notebook_launch(rank_info, 2, lambda rank: 10 * rank, timeout=100) == [(100, 2), (111, 2)]
+    ns = cell()
+    ranks = forklaunch.notebook_launch(rank_info, 2, lambda rank: 10 * rank, ns["summed"], timeout=100)
+    assert [(info, world) for info, world, _ in ranks] == [(100, 2), (111, 2)]
+    seen = [r for *_, r in ranks]
+    assert [(r.rank, r.total) for r in seen] == [(0, 30.0), (1, 30.0)]  # (1 + 2) x SCALE on every rank
+    assert all(type(r) is ns["Seen"] for r in seen)  # rebuilt as the notebook's own class, not a copy
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import difflib
 from tests.conftest import SOLUTIONS
 
 ONLY_IN_STEP3 = ["torch.manual_seed(cfg.seed + rank)",  # step 4 seeds each epoch from (seed, epoch, rank) instead
-                 'report = Reporter(cfg, "step3_ddp", splits, model.module, world_size) if rank == 0 else None',
+                 'report = Reporter(cfg, "step3_ddp", splits, model, world_size) if rank == 0 else None',
                  "for epoch in range(cfg.epochs):"]
 ONLY_IN_STEP4 = ["from workshop_lib import checkpoint",
                  # the atomic write: a temporary file, then os.replace
@@ -31,7 +31,7 @@ ONLY_IN_STEP4 = ["from workshop_lib import checkpoint",
                  "if resume_from is not None:",
                  "snapshot = torch.load(resume_from, map_location=device, weights_only=True)",
                  "checkpoint.refuse_another_run(snapshot, resume_from, cfg, world_size)",
-                 'report = Reporter(cfg, "step4_snapshots", splits, model.module, world_size) if rank == 0 else None',
+                 'report = Reporter(cfg, "step4_snapshots", splits, model, world_size) if rank == 0 else None',
                  # resuming: the states, and the loop from the epoch after the snapshot's
                  "first_epoch = 0",
                  "if snapshot is not None:",

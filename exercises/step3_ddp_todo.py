@@ -120,8 +120,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if rank == 0:  # one file for the whole job
             # TODO: put the best epoch's weights back, save them to cfg.out / "model.pt" so that a plain SmilesLSTM
-            #       loads them (no "module." in the keys), and score them on the held-out split (step 2's four lines,
-            #       changed). Read: section 2 above.
+            #       loads them (no "module." in the keys), and hand their held-out score to report.finish (step 2's
+            #       last four lines, three of them changed). Read: section 2 above.
             raise NotImplementedError("fill in the TODO above")
     finally:
         dist.destroy_process_group()  # always leave the group, even after an error

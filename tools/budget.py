@@ -298,7 +298,8 @@ def _stated_section(name: str, number: str) -> tuple[int, int] | None:
 THREE_HOURS = Plan("3-hour session", 180, (
     (5, "welcome (the pre-work's two lines came in the week before); the problem: one process, one device"),
     "01_", (10, "break"), "02_", "03_",
-    (5, "`python -m workshop_lib.check --all` around the room; 03's speed-up figure; what the optional parts hold")),
+    (5, "`python -m workshop_lib.check --all` around the room; what 03's speed-up measured (its stored table); what the "
+         "optional parts hold")),
     before=("00_",), cut=(("01_", "6."), ("03_", "5.")))  # the projector's two demonstrations the full day keeps
 FULL_DAY = Plan("full day", 510, (
     (15, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device"),

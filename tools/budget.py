@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from tools import ROOT
 from workshop_lib.lab.spans import BEGIN, exercise_source
 
 WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE, MIN_PER_FIGURE, MIN_PER_COMMAND = 150, 15, 8, 1, 1
@@ -203,6 +204,14 @@ def room_minutes(c: Count, pace: float = ROOM.reading) -> tuple[float, float]:
     return pace * (c.minutes - MIN_PER_EXERCISE * c.exercises), ROOM.exercise * MIN_PER_EXERCISE * c.exercises
 
 
+def _headings(nb):
+    """(cell, title) of each ``## `` heading cell of ``nb``, in order."""
+    for cell in nb.cells:
+        heading = _SECTION.search(cell.source) if cell.cell_type == "markdown" else None
+        if heading:
+            yield cell, heading.group("title")
+
+
 def count(path: Path) -> Count:
     """The notebook's count, with one part per ``## `` section."""
     import nbformat
@@ -211,17 +220,16 @@ def count(path: Path) -> Count:
     first = nb.cells[0].source if nb.cells else ""
     total = Count(Path(path).stem, stated_minutes(first), stated_room=stated_room(nb.metadata))
     section: Count | None = None
+    titles = {id(cell): title for cell, title in _headings(nb)}
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            heading = _SECTION.search(cell.source)
-            if heading:
-                title = heading.group("title")
-                minutes = _STATED_SECTION.search(title)
-                board = int(cell.metadata.get("lab", {}).get("board", 0))
-                section = Count(title, int(minutes.group(1)) if minutes else None, teaching=board, board=board,
-                                stated_room=stated_room(cell.metadata))
-                total.parts.append(section)
-                total.teaching += board
+        title = titles.get(id(cell))
+        if title is not None:
+            minutes = _STATED_SECTION.search(title)
+            board = int(cell.metadata.get("lab", {}).get("board", 0))
+            section = Count(title, int(minutes.group(1)) if minutes else None, teaching=board, board=board,
+                            stated_room=stated_room(cell.metadata))
+            total.parts.append(section)
+            total.teaching += board
         shown = section is not None and on_the_projector(section.title)
         c = cell_count(cell, ROOM.projector if shown else ROOM.reading)
         total.add(c, newcomer=not shown)
@@ -237,7 +245,7 @@ def restate(path: Path) -> bool:
 
     c = count(path)
     nb = nbformat.read(path, as_version=4)
-    headings = [cell for cell in nb.cells if cell.cell_type == "markdown" and _SECTION.search(cell.source)]
+    headings = [cell for cell, _ in _headings(nb)]
     changed = False
     for meta, part in [(nb.metadata, c), *((cell.metadata, p) for cell, p in zip(headings, c.parts, strict=True))]:
         lab = meta.setdefault("lab", {})
@@ -266,33 +274,18 @@ class Plan:
     def notebooks(self) -> list[str]:
         return [b for b in self.blocks if isinstance(b, str)]
 
-    def taught(self, room: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-        """``room`` (each notebook's stated teaching and exercise minutes) less the sections the plan cuts."""
-        taught = dict(room)
-        for prefix, number in self.cut:
-            name = next((n for n in room if n.startswith(prefix)), None)
-            section = _stated_section(name, number) if name else None
-            if section is None:
-                raise ValueError(f"the {self.name} cuts section {number} of {prefix}, which notebooks/ does not hold")
-            taught[name] = (taught[name][0] - section[0], taught[name][1] - section[1])
-        return taught
-
-    def cuts(self) -> str:
-        """The sections the plan leaves out, as its rows name them: "01 §6, 03 §5"."""
-        return ", ".join(f"{prefix.rstrip('_')} §{number.rstrip('.')}" for prefix, number in self.cut)
+    def cuts(self, name: str | None = None) -> list[str]:
+        """The sections the plan leaves out (of notebook ``name`` alone, if given): ["01 §6", "03 §5"]."""
+        return [f"{p.rstrip('_')} §{number.rstrip('.')}" for p, number in self.cut if name is None or name.startswith(p)]
 
 
 def _stated_section(name: str, number: str) -> tuple[int, int] | None:
     """(teaching, exercises) a room takes for section ``number`` ("5.") of notebooks/``name``, as its heading states."""
     import nbformat
 
-    nb = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.ipynb", as_version=4)
-    for cell in nb.cells:
-        heading = _SECTION.search(cell.source) if cell.cell_type == "markdown" else None
-        if heading and heading.group("title").startswith(number + " "):
-            teaching, exercises = stated_room(cell.metadata)
-            return teaching or 0, exercises or 0
-    return None
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cell = next((cell for cell, title in _headings(nb) if title.startswith(number + " ")), None)
+    return None if cell is None else tuple(m or 0 for m in stated_room(cell.metadata))
 
 
 THREE_HOURS = Plan("3-hour session", 180, (
@@ -309,18 +302,32 @@ FULL_DAY = Plan("full day", 510, (
 PLANS = (THREE_HOURS, FULL_DAY)
 
 
-def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, int, str]]:
-    """(start, minutes, what) of each block of ``plan``; ``room``: each notebook's (teaching, exercises) minutes.
-
-    A notebook's block is its teaching and exercise minutes and its share of the buffer (what the session leaves
-    over, shared in proportion to the notebooks' minutes); the block's ``what`` names the notebook and says so."""
+def _layout(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[dict[str, str], dict[str, tuple[int, int]], int]:
+    """The plan's notebooks (prefix -> name), their taught minutes (``room`` less the sections the plan cuts), and
+    the buffer the session leaves over (negative: they do not fit)."""
     names = {p: next((n for n in room if n.startswith(p)), None) for p in plan.notebooks()}
     missing = [p for p, n in names.items() if n is None]
     if missing:
         raise ValueError(f"the {plan.name} names notebooks {missing} that are not in notebooks/")
-    room = plan.taught(room)
+    taught = dict(room)
+    for prefix, number in plan.cut:
+        name = next((n for n in room if n.startswith(prefix)), None)
+        section = _stated_section(name, number) if name else None
+        if section is None:
+            raise ValueError(f"the {plan.name} cuts section {number} of {prefix}, which notebooks/ does not hold")
+        taught[name] = (taught[name][0] - section[0], taught[name][1] - section[1])
+    fixed = sum(b[0] for b in plan.blocks if not isinstance(b, str))
+    return names, taught, plan.minutes - fixed - sum(sum(taught[n]) for n in names.values())
+
+
+def plan_rows(plan: Plan, room: dict[str, tuple[int, int]], label=str) -> list[tuple[int, int, str]]:
+    """(start, minutes, what) of each block of ``plan``; ``room``: each notebook's (teaching, exercises) minutes.
+
+    A notebook's block is its teaching and exercise minutes and its share of the buffer (what the session leaves
+    over, shared in proportion to the notebooks' minutes); the block's ``what`` names the notebook (as ``label``
+    writes its name: the site's, a link) and says so."""
+    names, room, buffer = _layout(plan, room)
     lab = [sum(room[n]) for n in names.values()]
-    buffer = plan.minutes - sum(lab) - sum(b[0] for b in plan.blocks if not isinstance(b, str))
     if buffer < 0:
         raise ValueError(f"the {plan.name}'s notebooks ({sum(lab)} min) do not fit its {plan.minutes} minutes")
     shares = [buffer * m // max(sum(lab), 1) for m in lab]
@@ -330,9 +337,9 @@ def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, i
         if isinstance(block, str):
             name = names[block]
             teaching, exercises = room[name]
-            cut = [f"§{n.rstrip('.')}" for p, n in plan.cut if name.startswith(p)]
+            cut = [c.split()[-1] for c in plan.cuts(name)]
             left = f" (without {', '.join(cut)})" if cut else ""
-            what = f"{name}{left}: {teaching} min teaching, {exercises} min exercises, {shares[i]} min of buffer"
+            what = f"{label(name)}{left}: {teaching} min teaching, {exercises} min exercises, {shares[i]} min of buffer"
             rows.append((start, teaching + exercises + shares[i], what))
             i += 1
         else:
@@ -343,11 +350,8 @@ def plan_rows(plan: Plan, room: dict[str, tuple[int, int]]) -> list[tuple[int, i
 
 def plan_sums(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[int, int, int]:
     """(teaching, exercises, buffer) minutes of ``plan``: its notebooks' sums, and what the session leaves over."""
-    room = plan.taught(room)
-    names = [next(n for n in room if n.startswith(p)) for p in plan.notebooks()]
-    teaching, exercises = sum(room[n][0] for n in names), sum(room[n][1] for n in names)
-    fixed = sum(b[0] for b in plan.blocks if not isinstance(b, str))
-    return teaching, exercises, plan.minutes - fixed - teaching - exercises
+    names, room, buffer = _layout(plan, room)
+    return sum(room[n][0] for n in names.values()), sum(room[n][1] for n in names.values()), buffer
 
 
 def table(counts: list[Count]) -> str:
@@ -381,14 +385,19 @@ def room_table(counts: list[Count]) -> str:
     return "\n".join(rows)
 
 
+def stated_rooms(counts: list[Count]) -> dict[str, tuple[int, int]]:
+    """Each notebook's (teaching, exercises) minutes as its metadata states them: what the plans are filled from."""
+    return {c.title: (c.stated_room[0] or 0, c.stated_room[1] or 0) for c in counts}
+
+
 def plans_table(counts: list[Count]) -> str:
     """Each plan's sums (from the stated room minutes) and the buffer its session leaves."""
-    room = {c.title: (c.stated_room[0] or 0, c.stated_room[1] or 0) for c in counts}
+    room = stated_rooms(counts)
     rows = []
     for plan in PLANS:
         teaching, exercises, buffer = plan_sums(plan, room)
         before = f"; {', '.join(p.rstrip('_') for p in plan.before)} before it, as pre-work" if plan.before else ""
-        before += f"; without {plan.cuts()}" if plan.cut else ""
+        before += f"; without {', '.join(plan.cuts())}" if plan.cut else ""
         rows.append(f"{plan.name} ({plan.minutes} min: {', '.join(p.rstrip('_') for p in plan.notebooks())}{before}): "
                     f"{teaching} min teaching + {exercises} min exercises + "
                     f"{plan.minutes - teaching - exercises - buffer} min of welcome, breaks and wrap-up; "

@@ -66,10 +66,8 @@ PLANS = {"3h": budget.THREE_HOURS, "day": budget.FULL_DAY}  # the {lab-plan} dir
 def plan(which: budget.Plan = budget.THREE_HOURS) -> list[tuple[int, int, str]]:
     """The plan's blocks, (start, minutes, what), from the room minutes the notebooks' metadata states."""
     eps = episodes.episodes()
-    rows = budget.plan_rows(which, {e.name: (e.teaching or 0, e.practice or 0) for e in eps})
-    links = {e.name: f"{{doc}}`{e.name} <{'/episodes/' + e.name}>`" for e in eps}
-    return [(start, minutes, re.sub(r"^\w+", lambda m: links.get(m.group(0), m.group(0)), what))
-            for start, minutes, what in rows]
+    return budget.plan_rows(which, {e.name: (e.teaching or 0, e.practice or 0) for e in eps},
+                            label=lambda name: f"{{doc}}`{name} <{'/episodes/' + name}>`")
 
 
 def plan_table(which: budget.Plan = budget.THREE_HOURS) -> str:

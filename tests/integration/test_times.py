@@ -25,7 +25,7 @@ def counts() -> list[budget.Count]:
 
 def room() -> dict[str, tuple[int, int]]:
     """Each notebook's (teaching, exercises) minutes, as its metadata states them."""
-    return {c.title: (c.stated_room[0] or 0, c.stated_room[1] or 0) for c in counts()}
+    return budget.stated_rooms(counts())
 
 
 @pytest.mark.parametrize("path", build.source_notebooks(), ids=lambda p: p.name)

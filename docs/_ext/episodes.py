@@ -107,7 +107,8 @@ def hours(total: int) -> str:
 
 # ---- the page --------------------------------------------------------------------------------------------------
 
-def _minutes(m: int | None) -> str:
+def minutes_stated(m: int | None) -> str:
+    """A stated number of minutes as a page shows it: "12 min", or "not stated"."""
     return "not stated" if m is None else f"{m} min"
 
 
@@ -183,7 +184,7 @@ def card(ep: Episode, questions: list[str]) -> str:
     """The box under the title: time, where to work, what it produces; the questions; the sections' times."""
     time = f"about {ep.stated} minutes" if ep.stated else "not stated"
     rows = [("Time", f"{time} alone (as the notebook states; {'core path' if ep.core else 'optional part'})"),
-            ("In a room", f"{_minutes(ep.teaching)} teaching, {_minutes(ep.practice)} exercises"),
+            ("In a room", f"{minutes_stated(ep.teaching)} teaching, {minutes_stated(ep.practice)} exercises"),
             ("Exercise notebook", f"open {_file(ep.exercise_notebook)} in JupyterLab"),
             ("Worked version", f"this page: {_file('notebooks/' + ep.path.name)}, with its stored outputs")]
     if ep.outcome:
@@ -195,7 +196,7 @@ def card(ep: Episode, questions: list[str]) -> str:
                     "This episode")]
     if questions:
         parts.append(_fence("questions", "\n".join(f"- {q}" for q in questions)))
-    sections = "\n".join(f"| {title} | {'' if m is None else f'{m} min'} | {_minutes(t)} | {_minutes(x)} |"
+    sections = "\n".join(f"| {title} | {'' if m is None else f'{m} min'} | {minutes_stated(t)} | {minutes_stated(x)} |"
                           for (title, m), (_, t, x) in zip(ep.sections, ep.room, strict=True))
     parts.append(_fence("instructor-note",
                         f"Each section's time alone, as its heading states, and in a room, as the notebook's metadata "

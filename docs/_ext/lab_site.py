@@ -60,6 +60,9 @@ def schedule(part: str = "all", sections: bool = False) -> str:
     return "\n".join(rows)
 
 
+_room = episodes.minutes_stated  # "12 min", or "not stated"
+
+
 PLANS = {"3h": budget.THREE_HOURS, "day": budget.FULL_DAY}  # the {lab-plan} directive's :plan: option
 
 
@@ -85,10 +88,6 @@ def plan_table(which: budget.Plan = budget.THREE_HOURS) -> str:
 
 def _time(minutes: int | None) -> str:
     return "not stated" if minutes is None else f"~{minutes} min"
-
-
-def _room(minutes: int | None) -> str:
-    return "not stated" if minutes is None else f"{minutes} min"
 
 
 def readme_rows() -> str:

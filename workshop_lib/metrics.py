@@ -89,3 +89,8 @@ def read_metrics(path: Path) -> dict:
     if path.is_dir():
         path = path / "metrics.json"
     return json.loads(path.read_text())
+
+
+def logged_samples(row: dict) -> int:
+    """The molecules an epoch's row of metrics.json logged (its rate times its seconds): every rank's, if summed."""
+    return round(row["samples_per_second"] * row["seconds"])

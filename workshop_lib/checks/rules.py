@@ -148,7 +148,7 @@ def _logged_mistake(case: Case) -> str | None:
             if _close(logged, own):
                 return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
             return what
-        molecules = round(row["samples_per_second"] * row["seconds"]) if row.get("seconds") else count
+        molecules = core_metrics.logged_samples(row) if row.get("seconds") else count
         if molecules != count:
             said = f"rank 0 logs {molecules} molecules in epoch {e + 1}, the ranks trained on {count}"
             found = _totals_call(case, held, molecules)

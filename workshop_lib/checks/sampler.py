@@ -95,6 +95,7 @@ def spread_prediction(predicted: float | None, result: dict, path: str | Path | 
     the learner's script)."""
     from workshop_lib.config import parse_args
     from workshop_lib.data import load_splits
+    from workshop_lib.metrics import logged_samples
 
     spreads = [row["replica_spread"] for row in result["history"]]
     cfg, first, world = result["config"], result["history"][0], result["world_size"]
@@ -113,7 +114,7 @@ def spread_prediction(predicted: float | None, result: dict, path: str | Path | 
         why = f"more than 10 times {'above' if predicted > actual else 'below'} the measured spread; {why}"
     judge_prediction("the replica spread after epoch 1", predicted, f"{actual:.4f}", right, why,
                      shown=f"{predicted:g}" if number else None)
-    logged = round(first["samples_per_second"] * first["seconds"])  # every rank's molecules (padded), summed
+    logged = logged_samples(first)  # every rank's molecules (padded), summed
     if world > 1 and abs(logged * world - train) <= world:  # averaged instead: a mistake of the run, said last
         raise CheckFailed(averaged_count(path, logged, train))
 

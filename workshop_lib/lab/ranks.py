@@ -166,6 +166,6 @@ class Ranks:
                 kill_tree(p.pid, grace=0, first=_KILL)
 
 
-def lab_env(rank: int, world_size: int, **extra: str) -> dict[str, str]:
-    """The variables torchrun gives a worker that the lab's ranks need (one node), plus ``extra``."""
-    return launch_variables(rank, world_size, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **extra)
+def lab_env(rank: int, world_size: int) -> dict[str, str]:
+    """The variables torchrun gives a worker that the lab's ranks need (one node)."""
+    return launch_variables(rank, world_size, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

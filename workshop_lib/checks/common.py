@@ -41,6 +41,11 @@ def predict_first(predicted, name: str) -> None:
                           f"the run shows the answer")
 
 
+def is_number(predicted) -> bool:
+    """Whether a prediction is a number (an int or a float; True and False are not)."""
+    return isinstance(predicted, int | float) and not isinstance(predicted, bool)
+
+
 def judge_prediction(name: str, predicted, measured, right: bool, why: str = "", shown: str | None = None) -> None:
     """After the run, every prediction of the lab: ✓ when ``right`` (the caller's tolerance, which fits the
     measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug)."""

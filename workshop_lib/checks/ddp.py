@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction
+from workshop_lib.checks.common import CheckFailed, _passed, is_number, judge_prediction
 
 SAME_GLOBAL, SAME_PER_RANK, DDP_RUN = "1x2, batch 128", "1x2, batch 64", "2x1, batch 64 each"
 
@@ -30,7 +30,7 @@ def speedup_prediction(predicted: float | None, runs: dict[str, dict]) -> None:
            f"{median(SAME_PER_RANK) / median(SAME_GLOBAL):.2f}x ({SAME_PER_RANK} over {SAME_GLOBAL}), times data "
            f"parallelism at the same batch per rank {median(DDP_RUN) / median(SAME_PER_RANK):.2f}x ({DDP_RUN} over "
            f"{SAME_PER_RANK})")
-    number = isinstance(predicted, int | float) and not isinstance(predicted, bool)
+    number = is_number(predicted)
     right = number and (low <= predicted <= high or abs(predicted / measured - 1) <= NOISE)
     judge_prediction("the speed-up", predicted, f"{measured:.2f}x", right, why,
                      shown=f"{predicted:.2f}x" if number else None)

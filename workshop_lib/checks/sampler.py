@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from workshop_lib.checks import shards as judged
-from workshop_lib.checks.common import CheckFailed, _call, _passed, judge_prediction
+from workshop_lib.checks.common import CheckFailed, _call, _passed, is_number, judge_prediction
 from workshop_lib.checks.recorder import Recorder, passes, recording
 from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.launchenv import launch_variables
@@ -106,7 +106,7 @@ def spread_prediction(predicted: float | None, result: dict, path: str | Path | 
     why = (f"each rank took {steps} AdamW steps in epoch 1, each moving a weight by up to about lr = {lr:g}, in a "
            f"direction set by its own shard: 2 replicas can end up to about 2 x {steps} x {lr:g} = {2 * steps * lr:g} "
            f"apart")
-    number = isinstance(predicted, int | float) and not isinstance(predicted, bool)
+    number = is_number(predicted)
     right = number and predicted > 0 and abs(math.log10(predicted / actual)) <= 1
     if number and predicted <= 0:
         why = f"the replicas stay equal only if every rank takes the same step; {why}"

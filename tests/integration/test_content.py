@@ -244,7 +244,7 @@ def _texts(area: str):
 
 @pytest.mark.parametrize("area", ["pages", "notebooks", "docstrings"])
 def test_every_single_node_torchrun_typed_says_standalone(area):
-    """Without --standalone, torchrun's static rendezvous takes port 29500: two jobs on one shared node collide."""
+    """--standalone: one node's rendezvous on a free port, whatever port is named, on every torch release."""
     lacking = [f"{where}:{number}: {command}" for where, text in _texts(area)
                for number, command in single_node_torchruns(text) if "--standalone" not in command]
     assert not lacking, (f"{len(lacking)} single-node torchrun line(s) of the {area} lack --standalone:\n"
@@ -322,3 +322,104 @@ def test_the_verdict_finder_finds_the_quotes_and_a_stale_one_fails():
     assert unprintable("rank 2 (local rank 0) got the same indices as rank 0: pass the global rank, rank=env.rank")
     assert not unprintable("rank 1 evaluated too ...: every rank scored the same model on the dev set, N times the "
                            "work; evaluate on global rank 0 only (dist.get_rank() == 0)")
+
+
+# ---- statements about torch, kept true (issue 48): each rule fails on the sentence it replaced -----------------------
+# torch's behaviour itself is reproduced in tests/integration/test_upstream.py; these keep the old sentences out.
+
+
+def _clauses(text: str) -> list[str]:
+    """Sentences, table cells and clauses after a semicolon, each on one line."""
+    return [" ".join(c.split()) for c in re.split(r"(?<=[.;|])\s+|\n\s*\n", text) if c.strip()]
+
+
+# (what the sentence must not say, the rule): a clause matching all of ``needs`` and none of ``unless`` is wrong.
+STATEMENT_RULES = {
+    "port": ("without --standalone, one node's torchrun meets on port 29500 / the static rendezvous: on torch 2.13 it "
+             "picks a free port (c10d on localhost:0) unless a port is named (test_upstream.py)",
+             [r"\b(?:without|no) (?:it\b|`--standalone`)", r"29500|static"],
+             r"older|port is named|names its port|`--master-port` named"),
+    "root": ("FSDP frees the gathered weights after forward: every unit but the root does (reshard_after_forward=None "
+             "means False for the root; test_upstream.py)",
+             [r"\bfree[sd]?\b", r"forward|gathered"], r"\broot\b"),
+    "traffic": ("FSDP sends about 1.5 times DDP's bytes: only with units per block; the root alone sends DDP's",
+                [r"1\.5 times DDP"], r"block"),
+    "optimizer": ("the optimizer is built after fully_shard (for its sharded state): the reason is that fully_shard "
+                  "replaces the parameters, and an optimizer built before trains nothing (test_upstream.py)",
+                  [r"optimizer", r"after `?fully_shard"], r"replac|new `?nn\.Parameter"),
+}
+OLD_SENTENCES = {  # the sentences the rules replaced, as they were
+    "port": ["`--standalone` runs the rendezvous on a free port of this machine: without it torchrun uses port 29500, "
+             "and two\njobs on one shared node collide.",
+             "| the static rendezvous instead (torchrun's default without `--standalone`): each node says its own rank |",
+             "torchrun's\ndefault rendezvous without `--standalone` is the static one (`--master-addr`/`--master-port`, "
+             "29500 by default),\nand it keeps one store for the whole job",
+             "| `--max-restarts` without `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`, or with the static rendezvous (no "
+             "`--standalone`) |"],
+    "root": ["logits = model(b.tokens, b.lengths)  # all-gathers the parameters, computes, frees the gathered copy",
+             "Before a unit computes, FSDP all-gathers its weights, and by default frees them again after its forward; "
+             "in backward it reduce-scatters its gradients."],
+    "traffic": ["in backward it *reduce-scatters* the unit's gradients (sums them over the ranks and leaves each rank "
+                "its 1/N of the sum): about 1.5 times DDP's traffic."],
+    "optimizer": ["3. The optimizer is built after `fully_shard`, on the sharded parameters, so that its state is "
+                  "sharded too."],
+}
+
+
+def breaking(rule: str, text: str) -> list[str]:
+    _, needs, unless = STATEMENT_RULES[rule]
+    units = text.splitlines() if rule == "optimizer" else _clauses(text)  # the reason may follow in the next sentence
+    return [u for u in units if all(re.search(n, u) for n in needs) and not re.search(unless, u)]
+
+
+@pytest.mark.parametrize("rule", sorted(STATEMENT_RULES))
+def test_no_page_or_notebook_repeats_a_corrected_statement(rule):
+    found = [f"{where}: {u[:160]}" for area in ("pages", "notebooks", "docstrings") for where, text in _texts(area)
+             for u in breaking(rule, text)]
+    assert not found, f"{STATEMENT_RULES[rule][0]}; said again:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("rule", sorted(STATEMENT_RULES))
+def test_the_statement_rules_catch_the_sentences_they_replaced(rule):
+    for old in OLD_SENTENCES[rule]:
+        assert breaking(rule, old), f"rule {rule!r} lets through: {old}"
+
+
+def test_the_small_bucket_cap_sentence_counts_the_parameters_it_exceeds():
+    """04b §4: bucket_cap_mb=0.005 is less than some of the model's parameters and more than the others."""
+    from workshop_lib.config import TrainConfig
+    from workshop_lib.data import load_splits
+    from workshop_lib.lab.timeline import SMALL_CAP_MB
+    from workshop_lib.model import SmilesLSTM
+
+    cap = int(SMALL_CAP_MB * 2**20)
+    model = SmilesLSTM(len(load_splits(TrainConfig(limit=200)).tokenizer))  # the vocabulary: the whole table's
+    sizes = [p.numel() * p.element_size() for p in model.parameters()]
+    said = re.findall(r"\(([\d,]+) bytes: less than (\d+) of our (\d+) parameters[^)]*more than the (\d+) others",
+                      cell("04b_memory_and_scaling.ipynb", "nb04b-timeline-md").source)
+    assert said == [(f"{cap:,}", str(sum(s > cap for s in sizes)), str(len(sizes)), str(sum(s <= cap for s in sizes)))]
+
+
+def test_the_quick_reference_quotes_the_model_line_as_the_reporter_prints_it(tmp_path, capsys):
+    """docs/quickref.md's sample of step 3's output: its header line is the Reporter's, for 2 processes."""
+    from workshop_lib.config import TrainConfig
+    from workshop_lib.data import load_splits
+    from workshop_lib.model import SmilesLSTM
+    from workshop_lib.report import Reporter
+
+    cfg = TrainConfig(limit=200, out=tmp_path, tensorboard=False)
+    splits = load_splits(cfg)
+    model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
+    Reporter(cfg, "step3_ddp", splits, model, 2)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model: ")]
+    sample = [line for line in (REPO / "docs" / "quickref.md").read_text().splitlines() if line.startswith("model: ")]
+    assert len(printed) == 1 and sample == printed, f"docs/quickref.md shows {sample}; step 3 prints {printed}"
+
+
+def test_the_quick_reference_quotes_the_step_scripts_own_guard():
+    """Plain python: the step script's guard answers before torch's env:// could ('RANK expected, but not set')."""
+    from tests.conftest import run_python
+
+    page = (REPO / "docs" / "quickref.md").read_text()
+    proc = run_python([REPO / "solutions" / "step1_process_group.py"], timeout=60)
+    assert proc.returncode == 1 and proc.stderr.strip() in page and "RANK expected" not in page, proc.stderr[-500:]

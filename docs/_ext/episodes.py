@@ -64,6 +64,7 @@ class Episode:
     practice: int | None = None  # a room's exercise minutes, likewise
     room: list[tuple[str, int | None, int | None]] = field(default_factory=list)  # each section's (title, both)
     tasks: list[list[str]] = field(default_factory=list)  # each section's exercises: what their spans write
+    boards: list[int] = field(default_factory=list)  # each section's minutes at the board (its heading's lab.board)
 
     @property
     def name(self) -> str:
@@ -99,7 +100,7 @@ def describe(path: Path) -> Episode:
     projector = sum(p.stated or 0 for p in count.parts if budget.on_the_projector(p.title))
     return Episode(path, title_text, count.stated, [(p.title, p.stated) for p in count.parts], count.exercises,
                    lab.get("step", ""), lab.get("outcome", ""), scripts, projector, *count.stated_room,
-                   [(p.title, *p.stated_room) for p in count.parts], _tasks(nb))
+                   [(p.title, *p.stated_room) for p in count.parts], _tasks(nb), [p.board for p in count.parts])
 
 
 def _tasks(nb) -> list[list[str]]:
@@ -140,6 +141,7 @@ class Checkpoint:
     teaching: int
     exercises: int
     tasks: tuple[str, ...] = ()  # what the section's exercises write: their checks say ✓ by ``end``
+    board: int = 0  # of the teaching minutes, those at the board (a key idea drawn)
 
 
 def checkpoints(ep: Episode) -> list[Checkpoint]:
@@ -151,9 +153,10 @@ def checkpoints(ep: Episode) -> list[Checkpoint]:
     sections = sum(t + x for _, t, x in ep.room)
     minute = max(0, (ep.teaching or 0) + (ep.practice or 0) - sections)  # the title and the set-up cell
     tasks = ep.tasks or [[] for _ in ep.room]
+    boards = ep.boards or [0 for _ in ep.room]
     found = []
-    for (title, t, x), names in zip(ep.room, tasks, strict=True):
-        found.append(Checkpoint(minute, minute + t + x, UNTIMED.sub("", title), t, x, tuple(names)))
+    for (title, t, x), names, board in zip(ep.room, tasks, boards, strict=True):
+        found.append(Checkpoint(minute, minute + t + x, UNTIMED.sub("", title), t, x, tuple(names), board))
         minute += t + x
     return found
 
@@ -165,7 +168,8 @@ def checkpoint_table(ep: Episode) -> str:
             "|---|---|---|---|"]
     for c in checkpoints(ep):
         done = ", ".join(f"`{t}`" for t in c.tasks) or "(no exercise)"
-        rows.append(f"| {c.start} to {c.end} | {c.title} | {c.teaching} + {c.exercises} | {done} |")
+        board = f" ({c.board} at the board)" if c.board else ""
+        rows.append(f"| {c.start} to {c.end} | {c.title} | {c.teaching}{board} + {c.exercises} | {done} |")
     return "\n".join(rows)
 
 

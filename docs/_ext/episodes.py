@@ -10,7 +10,8 @@ itself, with sphinx-lesson's boxes added around what is already there::
                         states (alone) and a room's teaching and exercise minutes (its metadata), the exercise notebook
                         to open in JupyterLab, what it produces; the questions (docs/episodes.yaml); the timing
                         checkpoints (which section the room should have reached at which minute, from the sections'
-                        stated room minutes); for instructors, each section's stated times
+                        stated room minutes); for instructors, each section's stated times and what to draw on the
+                        board (docs/episodes.yaml)
     an exercise cell    an exercise box before it holding the cell's TODO hint; the solution cell is folded
     a debugging lab     (a ### BEGIN BROKEN block) a box saying the exercise holds the broken code; the fix is folded
     a raw cell          shown as Python (the script-only lines: module docstring, the __main__ guard)
@@ -295,9 +296,14 @@ def card(ep: Episode, questions: list[str]) -> str:
     return "\n\n".join(parts)
 
 
-def episode_notebook(ep: Episode, questions: list[str], goals: list[str] | None = None):
+def board_box(board: str) -> str:
+    """What to draw on the board (docs/episodes.yaml), in an instructor note: a teaching tip inside the episode."""
+    return _fence("instructor-note", board, "At the board") if board.strip() else ""
+
+
+def episode_notebook(ep: Episode, questions: list[str], goals: list[str] | None = None, board: str = ""):
     """The notebook as the site shows it (a copy: the source is not touched); ``goals``: the measurable objectives
-    (docs/episodes.yaml), in the objectives box, the notebook's own lead above it."""
+    (docs/episodes.yaml), in the objectives box, the notebook's own lead above it; ``board``: what to draw."""
     import nbformat
 
     nb = nbformat.read(ep.path, as_version=4)
@@ -315,6 +321,8 @@ def episode_notebook(ep: Episode, questions: list[str], goals: list[str] | None 
             cells.append(_markdown(card(ep, questions), f"{cid}-card"))
             if checkpoint_box(ep):
                 cells.append(_markdown(checkpoint_box(ep), f"{cid}-checkpoints"))
+            if board_box(board):
+                cells.append(_markdown(board_box(board), f"{cid}-board"))
             continue
         if cell.cell_type == "raw":
             cells.append(_markdown(f"```python\n{cell.source}\n```", cid))
@@ -341,16 +349,19 @@ class About:
 
     questions: list[str] = field(default_factory=list)
     objectives: list[str] = field(default_factory=list)
+    board: str = ""  # what the instructor draws on the board, section by section (markdown)
 
 
 def read_about(data: dict | None) -> dict[str, About]:
-    """docs/episodes.yaml's entries, by notebook name: ``{name: {questions: [...], objectives: [...]}}``."""
-    return {name: About(list((entry or {}).get("questions") or []), list((entry or {}).get("objectives") or []))
+    """docs/episodes.yaml's entries, by notebook name: ``{name: {questions: [...], objectives: [...], board: ...}}``."""
+    return {name: About(list((entry or {}).get("questions") or []), list((entry or {}).get("objectives") or []),
+                        str((entry or {}).get("board") or "").strip())
             for name, entry in (data or {}).items()}
 
 
 def problems(about: dict[str, About], eps: list[Episode] | None = None) -> list[str]:
-    """What an episode page would lack, one line each: its questions, its measurable objectives, its checkpoints."""
+    """What an episode page would lack, one line each: its questions, its measurable objectives, what to draw on the
+    board, its checkpoints."""
     found = []
     for ep in episodes() if eps is None else eps:
         entry = about.get(ep.name, About())
@@ -364,6 +375,8 @@ def problems(about: dict[str, About], eps: list[Episode] | None = None) -> list[
             elif unmeasurable(goal):
                 found.append(f"docs/episodes.yaml: {ep.name}'s objective {goal!r} does not start with an action verb "
                              f"({', '.join(sorted(ACTION_VERBS)[:6])}, ...): say what the learner does")
+        if not entry.board:
+            found.append(f"docs/episodes.yaml has no board notes for {ep.name}: say what the instructor draws")
         if not checkpoints(ep):
             found.append(f"{ep.name} has no timing checkpoints: a section states no room minutes (python -m "
                          f"tools.build --times --restate writes them)")
@@ -379,7 +392,7 @@ def write_episodes(about: dict[str, About], dest: Path = EPISODES) -> list[Path]
     written = []
     for ep in episodes():
         entry = about.get(ep.name, About())
-        text = nbformat.writes(episode_notebook(ep, entry.questions, entry.objectives))
+        text = nbformat.writes(episode_notebook(ep, entry.questions, entry.objectives, entry.board))
         target = dest / ep.path.name
         if not target.is_file() or target.read_text() != text:
             target.write_text(text)

@@ -11,6 +11,7 @@ and gives the pages what must agree with the repository:
 * ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``);
 * ``{lab-objectives}`` (option ``:episode: NAME``): an episode's measurable objectives (docs/episodes.yaml), as its
   page shows them; ``{lab-checkpoints}`` (the same option): its timing checkpoints, from the sections' room minutes;
+  ``{lab-board}`` (the same option): what to draw on the board (docs/episodes.yaml), as its page shows it too;
 * ``{verdict}`...```: a line the checker prints, quoted (shown as code; ``tests/integration/test_content.py``
   holds every quote to a line ``workshop_lib`` can print, "..." where the line varies).
 
@@ -181,6 +182,14 @@ def setup(app):
             goals = about(self.env.app.confdir).get(ep.name, episodes.About()).objectives
             return self.parse_text_to_nodes(episodes.objectives_box(goals))
 
+    class Board(SphinxDirective):
+        option_spec: ClassVar[dict] = {"episode": directives.unchanged_required}
+
+        def run(self):
+            self.env.note_dependency(str(Path(self.env.app.confdir) / QUESTIONS))
+            board = about(self.env.app.confdir).get(_one(self.options["episode"]).name, episodes.About()).board
+            return self.parse_text_to_nodes(board)
+
     class Checkpoints(SphinxDirective):
         option_spec: ClassVar[dict] = {"episode": directives.unchanged_required}
 
@@ -218,6 +227,7 @@ def setup(app):
     app.add_directive("lab-plan", Plan)
     app.add_directive("lab-objectives", Objectives)
     app.add_directive("lab-checkpoints", Checkpoints)
+    app.add_directive("lab-board", Board)
     app.add_role("lab-time", lab_time)
     app.add_role("verdict", verdict)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -153,7 +153,8 @@ def _words(markdown: str) -> str:
 
 @pytest.mark.timeout(200)
 def test_every_episode_page_shows_its_objectives_and_its_timing_checkpoints(site):
-    """Issue 47: each page states what learners can do after it, and where a room should be at which minute."""
+    """Issue 47: each page states what learners can do after it, where a room should be at which minute, and (for
+    instructors) what to draw on the board."""
     import yaml
 
     about = episodes.read_about(yaml.safe_load((REPO / "docs" / "episodes.yaml").read_text()))
@@ -165,6 +166,7 @@ def test_every_episode_page_shows_its_objectives_and_its_timing_checkpoints(site
         assert goals, f"docs/episodes.yaml states no objectives for {e.name}"
         for goal in goals:
             assert _words(goal) in _text(box.group(0)), f"{e.name}'s objectives box lacks {goal!r}"
+        assert 'class="admonition-at-the-board instructor-note admonition' in html, f"{e.name}'s page has no board notes"
         found = re.search(r'<div class="admonition-timing-checkpoints checklist admonition.*?</table>', html, re.S)
         assert found, f"{e.name}'s page has no timing checkpoints"
         shown = _text(found.group(0))

@@ -187,7 +187,8 @@ def test_the_checkpoints_are_the_sections_start_and_end_from_their_room_minutes(
 
 def test_the_page_shows_the_measurable_objectives_and_the_checkpoints(tmp_path):
     ep = episodes.describe(timed_notebook(tmp_path))
-    nb = episodes.episode_notebook(ep, ["Why a shard?"], ["write a sampler that shards the data.", "explain padding."])
+    nb = episodes.episode_notebook(ep, ["Why a shard?"], ["write a sampler that shards the data.", "explain padding."],
+                                   "§1: the indices dealt like cards.")
     text = {c.get("id"): c.source for c in nb.cells}
     assert text["first"] == "# 07 — A tiny lab\n\n**Time: about 9 minutes.**\n\nYou will shard data.\n"  # the lead stays
     assert text["first-objectives"] == (":::{objectives}\nAfter this episode learners can:\n\n"
@@ -195,6 +196,7 @@ def test_the_page_shows_the_measurable_objectives_and_the_checkpoints(tmp_path):
     box = text["first-checkpoints"]
     assert box.startswith(":::{checklist} Timing checkpoints\n") and "| 2 to 14 | 1. Sharding |" in box
     assert "7 min teaching, 8 min exercises, 15 min in all" in box
+    assert text["first-board"] == ":::{instructor-note} At the board\n§1: the indices dealt like cards.\n:::\n"
     (tmp_path / "untimed").mkdir()
     untimed = episodes.episode_notebook(episodes.describe(tiny_notebook(tmp_path / "untimed")), [], [])
     assert not any(c.get("id", "").endswith("-checkpoints") for c in untimed.cells)
@@ -206,7 +208,7 @@ def real_about() -> dict:
     return yaml.safe_load((episodes.DOCS / "episodes.yaml").read_text())
 
 
-def test_every_episode_has_questions_measurable_objectives_and_checkpoints():
+def test_every_episode_has_questions_measurable_objectives_board_notes_and_checkpoints():
     eps = episodes.episodes()
     assert {e.name for e in eps} <= set(real_about())
     assert episodes.problems(episodes.read_about(real_about()), eps) == []
@@ -216,14 +218,19 @@ def test_every_episode_has_questions_measurable_objectives_and_checkpoints():
 
 
 @pytest.mark.parametrize("name", ["00_baseline", "03_ddp", "06_beyond_ddp"])
-def test_an_episode_without_objectives_or_checkpoints_is_named(name, monkeypatch):
-    """A copy of the real data with one episode's objectives removed, one made vague, and one episode's room minutes
-    gone: each problem is named (the site's build warns with it, and so fails)."""
+def test_an_episode_without_objectives_board_notes_or_checkpoints_is_named(name):
+    """A copy of the real data with one episode's objectives removed, its board notes removed, an objective made
+    vague, and the episode's room minutes gone: each problem is named (the site's build warns with it, and so
+    fails)."""
     eps = episodes.episodes()
     data = copy.deepcopy(real_about())
     del data[name]["objectives"]
     assert episodes.problems(episodes.read_about(data), eps) == [
         f"docs/episodes.yaml has no objectives for {name}: add what learners can do after it"]
+    data = copy.deepcopy(real_about())
+    data[name]["board"] = ""
+    assert episodes.problems(episodes.read_about(data), eps) == [
+        f"docs/episodes.yaml has no board notes for {name}: say what the instructor draws"]
     data = copy.deepcopy(real_about())
     data[name]["objectives"][0] = "understand DDP."  # not measurable: nobody can see a learner understand
     assert episodes.problems(episodes.read_about(data), eps)[0].startswith(

@@ -5,17 +5,21 @@ their stored outputs and never runs them. Before Sphinx reads its sources, :func
 writes one page per notebook of ``notebooks/`` into ``docs/episodes/`` (git-ignored): the notebook
 itself, with sphinx-lesson's boxes added around what is already there::
 
-    first cell          what follows its time in an objectives box (what the learner will do), then a card: the time the
-                        notebook states (alone) and a room's teaching and exercise minutes (its metadata), the exercise
-                        notebook to open in JupyterLab, what it produces; the questions (docs/episodes.yaml) and, for
-                        instructors, each section's stated times
+    first cell          what follows its time (the episode's lead), then the objectives box: "After this episode
+                        learners can", the measurable objectives of docs/episodes.yaml; a card: the time the notebook
+                        states (alone) and a room's teaching and exercise minutes (its metadata), the exercise notebook
+                        to open in JupyterLab, what it produces; the questions (docs/episodes.yaml); the timing
+                        checkpoints (which section the room should have reached at which minute, from the sections'
+                        stated room minutes); for instructors, each section's stated times and what to draw on the
+                        board (docs/episodes.yaml)
     an exercise cell    an exercise box before it holding the cell's TODO hint; the solution cell is folded
     a debugging lab     (a ### BEGIN BROKEN block) a box saying the exercise holds the broken code; the fix is folded
     a raw cell          shown as Python (the script-only lines: module docstring, the __main__ guard)
     ## Recap            its bullets in a key-points box
 
-Times come from the notebooks (``tools/budget.py``), so the site always agrees with them. This module is part of
-the site's Sphinx extension (``docs/_ext/``, loaded by ``docs/conf.py``), outside the installed package.
+Times come from the notebooks (``tools/budget.py``), so the site always agrees with them, the checkpoints included.
+This module is part of the site's Sphinx extension (``docs/_ext/``, loaded by ``docs/conf.py``), outside the installed
+package.
 """
 
 from __future__ import annotations
@@ -34,6 +38,13 @@ EPISODES = DOCS / "episodes"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 _TITLE = re.compile(r"^# (.+)$", re.M)
+_SECTION = re.compile(r"^## (.+?)\s*$", re.M)
+UNTIMED = re.compile(r"\s*\((?:about )?\d+ min[^)]*\)\s*$")  # a heading's stated time, shown in a column of its own
+_NAMED = re.compile(r"^\s*def (\w+)|^\s*(\w+) = ", re.M)  # what an exercise span writes: a function, or a name
+# An objective is measurable when it starts with what the learner does, seen from outside (Bloom's action verbs).
+ACTION_VERBS = frozenset(("build", "call", "check", "choose", "compare", "compile", "compute", "describe", "diagnose",
+                          "estimate", "explain", "find", "fix", "map", "name", "predict", "read", "resume", "run",
+                          "save", "shard", "start", "state", "sum", "trace", "use", "wrap", "write"))
 _BULLETS = re.compile(r"(?:^[*-] .*\n(?:^(?![*-] ).+\n)*)+", re.M)  # a list: bullets and their continuation lines
 
 
@@ -53,6 +64,8 @@ class Episode:
     teaching: int | None = None  # a room's teaching minutes, as the notebook's metadata states (tools/budget.py)
     practice: int | None = None  # a room's exercise minutes, likewise
     room: list[tuple[str, int | None, int | None]] = field(default_factory=list)  # each section's (title, both)
+    tasks: list[list[str]] = field(default_factory=list)  # each section's exercises: what their spans write
+    boards: list[int] = field(default_factory=list)  # each section's minutes at the board (its heading's lab.board)
 
     @property
     def name(self) -> str:
@@ -88,7 +101,19 @@ def describe(path: Path) -> Episode:
     projector = sum(p.stated or 0 for p in count.parts if budget.on_the_projector(p.title))
     return Episode(path, title_text, count.stated, [(p.title, p.stated) for p in count.parts], count.exercises,
                    lab.get("step", ""), lab.get("outcome", ""), scripts, projector, *count.stated_room,
-                   [(p.title, *p.stated_room) for p in count.parts])
+                   [(p.title, *p.stated_room) for p in count.parts], _tasks(nb), [p.board for p in count.parts])
+
+
+def _tasks(nb) -> list[list[str]]:
+    """Each ``## `` section's exercises, in order: the function (or the name) each solution span writes."""
+    sections: list[list[str]] = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and _SECTION.search(cell.source):
+            sections.append([])
+        elif cell.cell_type == "code" and sections and spans.BEGIN in cell.source:
+            found = _NAMED.search(cell.source)
+            sections[-1].append(next(g for g in found.groups() if g) if found else "the TODO")
+    return sections
 
 
 def minutes(episodes: list[Episode]) -> int:
@@ -106,6 +131,71 @@ def hours(total: int) -> str:
 
 
 # ---- the page --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a room should be at a minute of an episode: a section, from its start to its end (a room's minutes)."""
+
+    start: int  # minutes into the episode (its teaching and exercise minutes, as the notebook's metadata states)
+    end: int
+    title: str  # the section's heading, without its stated time
+    teaching: int
+    exercises: int
+    tasks: tuple[str, ...] = ()  # what the section's exercises write: their checks say ✓ by ``end``
+    board: int = 0  # of the teaching minutes, those at the board (a key idea drawn)
+
+
+def checkpoints(ep: Episode) -> list[Checkpoint]:
+    """The episode's timing checkpoints: each section's start and end minute in a room, from the stated room minutes
+    of its heading (the minutes before the first heading, the title and the set-up cell, come first). Empty when a
+    section states no room minutes: then there is nothing to compute them from."""
+    if any(t is None or x is None for _, t, x in ep.room) or ep.teaching is None:
+        return []
+    sections = sum(t + x for _, t, x in ep.room)
+    minute = max(0, (ep.teaching or 0) + (ep.practice or 0) - sections)  # the title and the set-up cell
+    tasks = ep.tasks or [[] for _ in ep.room]
+    boards = ep.boards or [0 for _ in ep.room]
+    found = []
+    for (title, t, x), names, board in zip(ep.room, tasks, boards, strict=True):
+        found.append(Checkpoint(minute, minute + t + x, UNTIMED.sub("", title), t, x, tuple(names), board))
+        minute += t + x
+    return found
+
+
+
+def checkpoint_table(ep: Episode) -> str:
+    """The checkpoints as a MyST table: minutes, the section, its minutes, the checks that say ✓ by its end."""
+    rows = ["| minutes | the room works on | teaching + exercises | by the end, ✓ from the check of |",
+            "|---|---|---|---|"]
+    for c in checkpoints(ep):
+        done = ", ".join(f"`{t}`" for t in c.tasks) or "(no exercise)"
+        board = f" ({c.board} at the board)" if c.board else ""
+        rows.append(f"| {c.start} to {c.end} | {c.title} | {c.teaching}{board} + {c.exercises} | {done} |")
+    return "\n".join(rows)
+
+
+def checkpoint_box(ep: Episode) -> str:
+    """The timing checkpoints in a checklist box, for the room and the instructor alike."""
+    found = checkpoints(ep)
+    if not found:
+        return ""
+    body = (f"Where a room should be, minute by minute, at the pace of the notebook's stated room minutes "
+            f"({minutes_stated(ep.teaching)} teaching, {minutes_stated(ep.practice)} exercises, {found[-1].end} min in "
+            f"all, breaks and buffer not included). A room behind by more than a section: see what to drop in the "
+            f"[instructor's kit](../kit/routines.md#when-the-room-runs-late).\n\n{checkpoint_table(ep)}")
+    return _fence("checklist", body, "Timing checkpoints")
+
+
+def objectives_box(objectives: list[str]) -> str:
+    """The measurable objectives (docs/episodes.yaml) in sphinx-lesson's objectives box."""
+    return _fence("objectives", "After this episode learners can:\n\n" + "\n".join(f"- {o}" for o in objectives))
+
+
+def unmeasurable(objective: str) -> bool:
+    """Whether an objective does not start with an action verb (a learner's act an instructor can see)."""
+    first = objective.split(maxsplit=1)[0].strip("`*,.:;").lower() if objective.strip() else ""
+    return first not in ACTION_VERBS
+
 
 def minutes_stated(m: int | None) -> str:
     """A stated number of minutes as a page shows it: "12 min", or "not stated"."""
@@ -206,8 +296,14 @@ def card(ep: Episode, questions: list[str]) -> str:
     return "\n\n".join(parts)
 
 
-def episode_notebook(ep: Episode, questions: list[str]):
-    """The notebook as the site shows it (a copy: the source is not touched)."""
+def board_box(board: str) -> str:
+    """What to draw on the board (docs/episodes.yaml), in an instructor note: a teaching tip inside the episode."""
+    return _fence("instructor-note", board, "At the board") if board.strip() else ""
+
+
+def episode_notebook(ep: Episode, questions: list[str], goals: list[str] | None = None, board: str = ""):
+    """The notebook as the site shows it (a copy: the source is not touched); ``goals``: the measurable objectives
+    (docs/episodes.yaml), in the objectives box, the notebook's own lead above it; ``board``: what to draw."""
     import nbformat
 
     nb = nbformat.read(ep.path, as_version=4)
@@ -216,12 +312,17 @@ def episode_notebook(ep: Episode, questions: list[str]):
         cell = copy.deepcopy(cell)
         cid = cell.get("id") or f"c{i}"
         if i == 0 and cell.cell_type == "markdown":
-            rest, goals = objectives(cell.source, ep.outcome)
-            cell.source = rest
+            rest, lead = objectives(cell.source, ep.outcome)
+            cell.source = rest + (f"\n{lead}\n" if goals and lead else "")
             cells.append(cell)
-            if goals:
-                cells.append(_markdown(_fence("objectives", goals), f"{cid}-objectives"))
+            if goals or lead:
+                box = objectives_box(goals) if goals else _fence("objectives", lead)
+                cells.append(_markdown(box, f"{cid}-objectives"))
             cells.append(_markdown(card(ep, questions), f"{cid}-card"))
+            if checkpoint_box(ep):
+                cells.append(_markdown(checkpoint_box(ep), f"{cid}-checkpoints"))
+            if board_box(board):
+                cells.append(_markdown(board_box(board), f"{cid}-board"))
             continue
         if cell.cell_type == "raw":
             cells.append(_markdown(f"```python\n{cell.source}\n```", cid))
@@ -242,7 +343,47 @@ def episode_notebook(ep: Episode, questions: list[str]):
     return nb
 
 
-def write_episodes(questions: dict[str, list[str]], dest: Path = EPISODES) -> list[Path]:
+@dataclass
+class About:
+    """What docs/episodes.yaml says of one episode: the questions it answers, what learners can do after it."""
+
+    questions: list[str] = field(default_factory=list)
+    objectives: list[str] = field(default_factory=list)
+    board: str = ""  # what the instructor draws on the board, section by section (markdown)
+
+
+def read_about(data: dict | None) -> dict[str, About]:
+    """docs/episodes.yaml's entries, by notebook name: ``{name: {questions: [...], objectives: [...], board: ...}}``."""
+    return {name: About(list((entry or {}).get("questions") or []), list((entry or {}).get("objectives") or []),
+                        str((entry or {}).get("board") or "").strip())
+            for name, entry in (data or {}).items()}
+
+
+def problems(about: dict[str, About], eps: list[Episode] | None = None) -> list[str]:
+    """What an episode page would lack, one line each: its questions, its measurable objectives, what to draw on the
+    board, its checkpoints."""
+    found = []
+    for ep in episodes() if eps is None else eps:
+        entry = about.get(ep.name, About())
+        if not entry.questions:
+            found.append(f"docs/episodes.yaml has no questions for {ep.name}: add them")
+        if not entry.objectives:
+            found.append(f"docs/episodes.yaml has no objectives for {ep.name}: add what learners can do after it")
+        for goal in entry.objectives:
+            if not isinstance(goal, str):  # YAML read "text: more" as a mapping
+                found.append(f"docs/episodes.yaml: {ep.name}'s objective {goal!r} is not text: put it in quotes")
+            elif unmeasurable(goal):
+                found.append(f"docs/episodes.yaml: {ep.name}'s objective {goal!r} does not start with an action verb "
+                             f"({', '.join(sorted(ACTION_VERBS)[:6])}, ...): say what the learner does")
+        if not entry.board:
+            found.append(f"docs/episodes.yaml has no board notes for {ep.name}: say what the instructor draws")
+        if not checkpoints(ep):
+            found.append(f"{ep.name} has no timing checkpoints: a section states no room minutes (python -m "
+                         f"tools.build --times --restate writes them)")
+    return found
+
+
+def write_episodes(about: dict[str, About], dest: Path = EPISODES) -> list[Path]:
     """Write every episode page into ``dest``; remove the pages of notebooks that are gone. Unchanged files are
     not rewritten (Sphinx then skips them)."""
     import nbformat
@@ -250,7 +391,8 @@ def write_episodes(questions: dict[str, list[str]], dest: Path = EPISODES) -> li
     dest.mkdir(parents=True, exist_ok=True)
     written = []
     for ep in episodes():
-        text = nbformat.writes(episode_notebook(ep, questions.get(ep.name, [])))
+        entry = about.get(ep.name, About())
+        text = nbformat.writes(episode_notebook(ep, entry.questions, entry.objectives, entry.board))
         target = dest / ep.path.name
         if not target.is_file() or target.read_text() != text:
             target.write_text(text)

@@ -9,6 +9,9 @@ and gives the pages what must agree with the repository:
   (start times, the breaks, the buffer), from the same room minutes;
 * ``{lab-time}`core``` (or ``optional``, ``all``, a notebook's name): a room's minutes, as "2 h 10 min";
 * ``{step-diff}``: the lines each step script adds to the one before (``solutions/step*.py``);
+* ``{lab-objectives}`` (option ``:episode: NAME``): an episode's measurable objectives (docs/episodes.yaml), as its
+  page shows them; ``{lab-checkpoints}`` (the same option): its timing checkpoints, from the sections' room minutes;
+  ``{lab-board}`` (the same option): what to draw on the board (docs/episodes.yaml), as its page shows it too;
 * ``{verdict}`...```: a line the checker prints, quoted (shown as code; ``tests/integration/test_content.py``
   holds every quote to a line ``workshop_lib`` can print, "..." where the line varies).
 
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import re
 from pathlib import Path
 from typing import ClassVar
 
@@ -27,8 +29,7 @@ import episodes  # docs/_ext/episodes.py (docs/conf.py puts this folder on sys.p
 
 from tools import ROOT, budget
 
-QUESTIONS = "episodes.yaml"  # beside conf.py: the questions each episode answers, by notebook name
-_UNTIMED = re.compile(r"\s*\((?:about )?\d+ min[^)]*\)\s*$")  # a heading's stated time, shown in its own column
+QUESTIONS = "episodes.yaml"  # beside conf.py: each episode's questions and measurable objectives, by notebook name
 
 
 def _pick(eps: list[episodes.Episode], part: str) -> list[episodes.Episode]:
@@ -51,7 +52,7 @@ def schedule(part: str = "all", sections: bool = False) -> str:
         rows.append(f"| {{doc}}`{e.name} <{'/episodes/' + e.name}>`: {e.title} | {_room(e.teaching)} | "
                     f"{_room(e.practice)} | {_time(e.stated)} | {e.outcome} |")
         if sections:
-            rows += [f"| &nbsp;&nbsp;&nbsp;&nbsp;{_UNTIMED.sub('', title)} | {_room(t)} | {_room(x)} | "
+            rows += [f"| &nbsp;&nbsp;&nbsp;&nbsp;{episodes.UNTIMED.sub('', title)} | {_room(t)} | {_room(x)} | "
                      f"{'' if m is None else f'{m} min'} | |"
                      for (title, m), (_, t, x) in zip(e.sections, e.room, strict=True)]
     teaching, practice = sum(e.teaching or 0 for e in eps), sum(e.practice or 0 for e in eps)
@@ -124,15 +125,27 @@ def step_diffs(context: int = 0) -> list[tuple[str, str, str]]:
 
 # ---- the Sphinx extension ----------------------------------------------------------------------------------------
 
-def _write_episodes(app, config) -> None:
+def about(confdir: Path) -> dict[str, episodes.About]:
+    """docs/episodes.yaml, read."""
     import yaml
+
+    return episodes.read_about(yaml.safe_load((Path(confdir) / QUESTIONS).read_text()))
+
+
+def _one(name: str) -> episodes.Episode:
+    found = [e for e in episodes.episodes() if e.name.startswith(name)]
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} notebooks match {name!r}: name one episode (01_process_group, or 01_)")
+    return found[0]
+
+
+def _write_episodes(app, config) -> None:
     from sphinx.util import logging
 
-    questions = yaml.safe_load((Path(app.confdir) / QUESTIONS).read_text()) or {}
-    for ep in episodes.episodes():
-        if not questions.get(ep.name):
-            logging.getLogger(__name__).warning(f"docs/{QUESTIONS} has no questions for {ep.name}: add them")
-    pages = episodes.write_episodes(questions, Path(app.srcdir) / "episodes")
+    said = about(app.confdir)
+    for problem in episodes.problems(said):  # a warning fails the build (-W): every page has what it must show
+        logging.getLogger(__name__).warning(problem)
+    pages = episodes.write_episodes(said, Path(app.srcdir) / "episodes")
     for old in (Path(app.outdir) / "episodes").glob("*.html"):  # a notebook that is gone leaves no page behind
         if old.stem not in {p.stem for p in pages}:
             old.unlink()
@@ -159,6 +172,31 @@ def setup(app):
             for ep in episodes.episodes():
                 self.env.note_dependency(str(ep.path))
             return self.parse_text_to_nodes(plan_table(PLANS[self.options.get("plan", "3h")]))
+
+    class Objectives(SphinxDirective):
+        option_spec: ClassVar[dict] = {"episode": directives.unchanged_required}
+
+        def run(self):
+            self.env.note_dependency(str(Path(self.env.app.confdir) / QUESTIONS))
+            ep = _one(self.options["episode"])
+            goals = about(self.env.app.confdir).get(ep.name, episodes.About()).objectives
+            return self.parse_text_to_nodes(episodes.objectives_box(goals))
+
+    class Board(SphinxDirective):
+        option_spec: ClassVar[dict] = {"episode": directives.unchanged_required}
+
+        def run(self):
+            self.env.note_dependency(str(Path(self.env.app.confdir) / QUESTIONS))
+            board = about(self.env.app.confdir).get(_one(self.options["episode"]).name, episodes.About()).board
+            return self.parse_text_to_nodes(board)
+
+    class Checkpoints(SphinxDirective):
+        option_spec: ClassVar[dict] = {"episode": directives.unchanged_required}
+
+        def run(self):
+            ep = _one(self.options["episode"])
+            self.env.note_dependency(str(ep.path))
+            return self.parse_text_to_nodes(episodes.checkpoint_table(ep))
 
     class StepDiff(SphinxDirective):
         option_spec: ClassVar[dict] = {"context": directives.nonnegative_int}
@@ -187,6 +225,9 @@ def setup(app):
     app.add_directive("lab-schedule", Schedule)
     app.add_directive("step-diff", StepDiff)
     app.add_directive("lab-plan", Plan)
+    app.add_directive("lab-objectives", Objectives)
+    app.add_directive("lab-checkpoints", Checkpoints)
+    app.add_directive("lab-board", Board)
     app.add_role("lab-time", lab_time)
     app.add_role("verdict", verdict)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -315,6 +315,20 @@ def test_every_verdict_a_page_quotes_is_one_the_checker_can_print(where, quote):
                          "checker's line changed; quote it as it is now (or \"...\" where it varies), or restore it")
 
 
+KIT_NOTES = "docs/kit/episodes.md"  # the instructor's kit: each episode's mistakes and the check's verdict for each
+
+
+def test_the_kit_quotes_the_checks_of_every_episode_with_exercises():
+    """The kit's episode notes quote real verdicts (each held by the test above), several for each core episode."""
+    quoted = [where for where, _ in quoted_verdicts() if where.startswith(KIT_NOTES + ":")]
+    assert len(quoted) >= 30, f"{KIT_NOTES} quotes {len(quoted)} verdicts, fewer than 30"
+    text = (REPO / KIT_NOTES).read_text()
+    for part in re.split(r"^## ", text, flags=re.M)[1:]:
+        name = part.split()[0]
+        if name in ("01", "02", "03"):
+            assert len(_VERDICT.findall(part)) >= 5, f"{KIT_NOTES}: episode {name} quotes fewer than 5 verdicts"
+
+
 def test_the_verdict_finder_finds_the_quotes_and_a_stale_one_fails():
     assert len(quoted_verdicts()) >= 8
     assert fragments("rank 2 (local rank 0) got the same indices as rank 0: pass the global rank, rank=env.rank") \

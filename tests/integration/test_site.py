@@ -133,3 +133,65 @@ def test_the_instructor_guide_shows_both_plans_and_each_episode_its_room_minutes
         page = (site / "episodes" / f"{e.name}.html").read_text()
         assert f"{e.teaching} min teaching, {e.practice} min exercises" in page, \
             f"{e.name}'s page does not show a room's minutes ({e.teaching} teaching, {e.practice} exercises)"
+
+
+KIT = ("kit/episodes", "kit/routines", "kit/learners", "kit/glossary", "kit/conduct", "kit/feedback")
+
+
+def _text(html: str) -> str:
+    """A page's characters, as a reader sees them, without spaces (the markup puts them anywhere): tags dropped,
+    entities read."""
+    import html as entities
+
+    return "".join(entities.unescape(re.sub(r"<[^>]+>", " ", html)).split())
+
+
+def _words(markdown: str) -> str:
+    """Markdown as a page shows it, without spaces: no backticks or emphasis, quotes as Sphinx curls them."""
+    return "".join(markdown.replace("`", "").replace("*", "").replace("'", "\N{RIGHT SINGLE QUOTATION MARK}").split())
+
+
+@pytest.mark.timeout(200)
+def test_every_episode_page_shows_its_objectives_and_its_timing_checkpoints(site):
+    """Issue 47: each page states what learners can do after it, where a room should be at which minute, and (for
+    instructors) what to draw on the board."""
+    import yaml
+
+    about = episodes.read_about(yaml.safe_load((REPO / "docs" / "episodes.yaml").read_text()))
+    for e in episodes.episodes():
+        html = (site / "episodes" / f"{e.name}.html").read_text()
+        box = re.search(r'<div class="admonition-objectives objectives admonition.*?</ul>', html, re.S)
+        assert box and "After this episode learners can:" in box.group(0), f"{e.name}'s page has no objectives box"
+        goals = about[e.name].objectives
+        assert goals, f"docs/episodes.yaml states no objectives for {e.name}"
+        for goal in goals:
+            assert _words(goal) in _text(box.group(0)), f"{e.name}'s objectives box lacks {goal!r}"
+        assert 'class="admonition-at-the-board instructor-note admonition' in html, f"{e.name}'s page has no board notes"
+        found = re.search(r'<div class="admonition-timing-checkpoints checklist admonition.*?</table>', html, re.S)
+        assert found, f"{e.name}'s page has no timing checkpoints"
+        shown = _text(found.group(0))
+        marks = episodes.checkpoints(e)
+        assert marks, f"{e.name} has no checkpoints to show"
+        for mark in marks:
+            assert _words(f"{mark.start} to {mark.end} {mark.title}") in shown, \
+                f"{e.name}'s checkpoints lack minute {mark.start} to {mark.end}, {mark.title!r}"
+
+
+@pytest.mark.timeout(200)
+def test_the_instructors_kit_is_in_the_site_and_linked_from_the_instructor_guide(site):
+    guide = (site / "instructor.html").read_text()
+    home = (site / "index.html").read_text()
+    for page in KIT:
+        assert (site / f"{page}.html").is_file(), f"the site has no {page}.html"
+        assert f'href="{page}.html' in guide, f"the instructor guide does not link {page}"
+        assert f'href="{page}.html' in home, f"{page} is not in the site's table of contents"
+    notes = (site / "kit" / "episodes.html").read_text()
+    for e in episodes.episodes():
+        table = _text(notes)
+        first = episodes.checkpoints(e)[0]
+        assert _words(f"{first.start} to {first.end} {first.title}") in table, f"the kit lacks {e.name}'s checkpoints"
+    assert notes.count('class="verdict ') >= 30, "the kit's episode notes quote fewer than 30 of the checks' verdicts"
+    glossary = (site / "kit" / "glossary.html").read_text()
+    for term in ("rank", "local rank", "world size", "process group", "backend", "collective", "all-reduce", "bucket",
+                 "DistributedSampler", "set_epoch", "DDP", "torchrun", "rendezvous", "store"):
+        assert f'id="term-{term.replace(" ", "-")}"' in glossary, f"the glossary lacks {term!r}"

@@ -1,7 +1,9 @@
-"""A notebook becomes an episode page: its time, objectives, exercise boxes, folded solutions and key points."""
+"""A notebook becomes an episode page: its time, objectives, checkpoints, exercise boxes, folded solutions and key points."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 
 import nbformat
@@ -153,3 +155,109 @@ def test_the_plan_fills_the_session_with_the_stated_times_a_break_and_a_buffer(t
     assert lab_site.plan_table(session).splitlines()[-1] == "| 3:00 | | end |"
     with pytest.raises(ValueError, match="do not fit"):
         lab_site.plan(budget.Plan("too short", 60, ("00_", "01_", "02_", "03_", (10, "break"))))
+
+
+# ---- the instructor's kit on every page: measurable objectives, timing checkpoints (issue 47) -------------------
+
+def timed_notebook(tmp_path):
+    """The tiny notebook with a room's minutes stated: 2 before the first heading, then 4 + 8 and 1 + 0."""
+    path = tiny_notebook(tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["lab"].update(teaching=7, exercises=8)
+    for cell in nb.cells:
+        if cell.get("id") == "s1":
+            cell.metadata["lab"] = {"teaching": 4, "exercises": 8, "board": 2}
+        if cell.get("id") == "recap":
+            cell.metadata["lab"] = {"teaching": 1, "exercises": 0}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_the_checkpoints_are_the_sections_start_and_end_from_their_room_minutes(tmp_path):
+    ep = episodes.describe(timed_notebook(tmp_path))
+    assert episodes.checkpoints(ep) == [
+        episodes.Checkpoint(2, 14, "1. Sharding", 4, 8, ("make_sampler",), 2),  # 7 + 8 - (4 + 8 + 1 + 0) = 2 before it
+        episodes.Checkpoint(14, 15, "Recap", 1, 0, ())]
+    table = episodes.checkpoint_table(ep)
+    assert "| 2 to 14 | 1. Sharding | 4 (2 at the board) + 8 | `make_sampler` |" in table
+    assert "| 14 to 15 | Recap | 1 + 0 | (no exercise) |" in table
+    (tmp_path / "untimed").mkdir()
+    assert episodes.checkpoints(episodes.describe(tiny_notebook(tmp_path / "untimed"))) == []  # nothing to compute from
+
+
+def test_the_page_shows_the_measurable_objectives_and_the_checkpoints(tmp_path):
+    ep = episodes.describe(timed_notebook(tmp_path))
+    nb = episodes.episode_notebook(ep, ["Why a shard?"], ["write a sampler that shards the data.", "explain padding."],
+                                   "§1: the indices dealt like cards.")
+    text = {c.get("id"): c.source for c in nb.cells}
+    assert text["first"] == "# 07 — A tiny lab\n\n**Time: about 9 minutes.**\n\nYou will shard data.\n"  # the lead stays
+    assert text["first-objectives"] == (":::{objectives}\nAfter this episode learners can:\n\n"
+                                        "- write a sampler that shards the data.\n- explain padding.\n:::\n")
+    box = text["first-checkpoints"]
+    assert box.startswith(":::{checklist} Timing checkpoints\n") and "| 2 to 14 | 1. Sharding |" in box
+    assert "7 min teaching, 8 min exercises, 15 min in all" in box
+    assert text["first-board"] == ":::{instructor-note} At the board\n§1: the indices dealt like cards.\n:::\n"
+    (tmp_path / "untimed").mkdir()
+    untimed = episodes.episode_notebook(episodes.describe(tiny_notebook(tmp_path / "untimed")), [], [])
+    assert not any(c.get("id", "").endswith("-checkpoints") for c in untimed.cells)
+
+
+def real_about() -> dict:
+    import yaml
+
+    return yaml.safe_load((episodes.DOCS / "episodes.yaml").read_text())
+
+
+def test_every_episode_has_questions_measurable_objectives_board_notes_and_checkpoints():
+    eps = episodes.episodes()
+    assert {e.name for e in eps} <= set(real_about())
+    assert episodes.problems(episodes.read_about(real_about()), eps) == []
+    for e in eps:
+        assert len(episodes.read_about(real_about())[e.name].objectives) >= 3, f"{e.name}: fewer than 3 objectives"
+        assert episodes.checkpoints(e), f"{e.name} has no timing checkpoints"
+
+
+@pytest.mark.parametrize("name", ["00_baseline", "03_ddp", "06_beyond_ddp"])
+def test_an_episode_without_objectives_board_notes_or_checkpoints_is_named(name):
+    """A copy of the real data with one episode's objectives removed, its board notes removed, an objective made
+    vague, and the episode's room minutes gone: each problem is named (the site's build warns with it, and so
+    fails)."""
+    eps = episodes.episodes()
+    data = copy.deepcopy(real_about())
+    del data[name]["objectives"]
+    assert episodes.problems(episodes.read_about(data), eps) == [
+        f"docs/episodes.yaml has no objectives for {name}: add what learners can do after it"]
+    data = copy.deepcopy(real_about())
+    data[name]["board"] = ""
+    assert episodes.problems(episodes.read_about(data), eps) == [
+        f"docs/episodes.yaml has no board notes for {name}: say what the instructor draws"]
+    data = copy.deepcopy(real_about())
+    data[name]["objectives"][0] = "understand DDP."  # not measurable: nobody can see a learner understand
+    assert episodes.problems(episodes.read_about(data), eps)[0].startswith(
+        f"docs/episodes.yaml: {name}'s objective 'understand DDP.' does not start with an action verb")
+    data = copy.deepcopy(real_about())
+    data[name]["objectives"][0] = {"write the loop": "and more"}  # YAML's reading of an unquoted "a: b"
+    assert "is not text: put it in quotes" in episodes.problems(episodes.read_about(data), eps)[0]
+    timed = next(e for e in eps if e.name == name)
+    untimed = dataclasses.replace(timed, room=[(title, None, x) for title, _, x in timed.room])
+    assert episodes.problems(episodes.read_about(real_about()), [untimed]) == [
+        f"{name} has no timing checkpoints: a section states no room minutes (python -m tools.build --times --restate "
+        "writes them)"]
+
+
+def test_the_build_warns_of_an_episode_without_objectives(tmp_path, caplog):
+    """The site's build (warnings are errors) reads docs/episodes.yaml and warns of what a page would lack."""
+    import types
+
+    import yaml
+
+    data = real_about()
+    del data["02_distributed_sampler"]["objectives"]
+    (tmp_path / lab_site.QUESTIONS).write_text(yaml.safe_dump(data, allow_unicode=True))
+    app = types.SimpleNamespace(confdir=str(tmp_path), srcdir=str(tmp_path), outdir=str(tmp_path / "html"))
+    with caplog.at_level("WARNING"):
+        lab_site._write_episodes(app, None)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == ["docs/episodes.yaml has no objectives for 02_distributed_sampler: add what learners can do after it"]
+    page = nbformat.read(tmp_path / "episodes" / "03_ddp.ipynb", as_version=4)
+    assert any(c.source.startswith(":::{checklist} Timing checkpoints") for c in page.cells)

@@ -20,6 +20,7 @@ import torch
 from workshop_lib.debug import collectives, frames
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
+POINT_TO_POINT = ("send", "recv")  # not every rank calls them: left out of the ranks' counts
 RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
 
 
@@ -200,23 +201,20 @@ def one_line(block: list[str]) -> str:
 
 
 def _counts(answers: dict[int, dict]) -> str | None:
-    """'calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward: rank 0 entered 1
-    more all_reduce than rank 1; ...', where the ranks' counts (each answer's ``counts``) differ."""
-    counts = {r: a["counts"] for r, a in sorted(answers.items()) if a.get("counts") is not None}
+    """'calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward (every rank must
+    ...)', where the ranks' counts (each answer's ``counts``) of collectives and backward passes differ."""
+    counts = {r: {op: n for op, n in a["counts"].items() if op not in POINT_TO_POINT}
+              for r, a in sorted(answers.items()) if a.get("counts") is not None}
     ops = sorted(set().union(*counts.values()), key=lambda op: (op == collectives.BACKWARD, op))
     table = {r: [c.get(op, 0) for op in ops] for r, c in counts.items()}
     if len(table) < 2 or len({tuple(n) for n in table.values()}) == 1:
         return None
     each = "; ".join(f"rank {r}: " + ", ".join(f"{n} {op}" for n, op in zip(ns, ops, strict=True))
                      for r, ns in table.items())
-    i = next(i for i in sorted(range(len(ops)), key=lambda i: ops[i] != collectives.BACKWARD)
-             if len({ns[i] for ns in table.values()}) > 1)  # backward first: the steps
-    most, least = max(table, key=lambda r: table[r][i]), min(table, key=lambda r: table[r][i])
-    rule = ("under DDP each backward all-reduces the gradients with every rank's, so the ranks must run as many "
-            "batches (or train inside DDP's join())" if ops[i] == collectives.BACKWARD else
-            "every rank must call the same collectives, as often")
-    return (f"calls entered so far: {each}: rank {most} entered {table[most][i] - table[least][i]} more {ops[i]} than "
-            f"rank {least}; {rule}")
+    steps = len({c.get(collectives.BACKWARD, 0) for c in counts.values()}) > 1
+    return (f"calls entered so far: {each} (every rank must make the same calls as often as the others" +
+            ("; under DDP each backward all-reduces the gradients, so the ranks must also run as many batches, or "
+             "train inside DDP's join())" if steps else ")"))
 
 
 def _first_difference(answers: dict[int, dict]) -> str | None:

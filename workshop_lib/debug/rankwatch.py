@@ -246,10 +246,12 @@ class Watch:
         """What a report means, for a learner who chose no threshold: None where a tool or the learner chose one."""
         if not self.own_threshold:
             return None
-        timeout = f" ({duration(self.timeout())})" if self.timeout() else ""
-        again = ", ".join(duration(report_at(self.threshold, n)) for n in (1, 2, 3))
+        timeout = self.timeout()
+        again = [report_at(self.threshold, n) for n in (1, 2, 3, 4) if not timeout or report_at(self.threshold, n) < timeout]
+        later = ", ".join(map(duration, again[:3])) + (" ..." if len(again) > 3 else "")  # none after the timeout
         return (f"a report, not a failure: the call may still complete (a rank that is only slow) or wait until the "
-                f"process group's timeout{timeout} makes it fail; the watch reports again at {again} ...")
+                f"process group's timeout{f' ({duration(timeout)})' if timeout else ''} makes it fail" +
+                (f"; the watch reports again at {later}" if again else ""))
 
     def unfinished_on_gpu(self) -> Call | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""

@@ -94,14 +94,14 @@ def counted(rank, counts, **kw):
 
 
 @pytest.mark.parametrize(("counts", "said"), [
-    ((({"all_reduce": 9, "backward": 8}), {"all_reduce": 8, "backward": 8}),
-     "calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward: rank 0 entered 1 more "
-     "all_reduce than rank 1; every rank must call the same collectives, as often"),
-    (({"backward": 9}, {"all_gather": 1, "backward": 8}),  # uneven data: rank 0 began a 9th step, rank 1 ran out
-     "calls entered so far: rank 0: 0 all_gather, 9 backward; rank 1: 1 all_gather, 8 backward: rank 0 entered 1 more "
-     "backward than rank 1; under DDP each backward all-reduces the gradients with every rank's, so the ranks must "
-     "run as many batches (or train inside DDP's join())"),
-    (({"all_reduce": 2}, {"all_reduce": 2}), None),  # the same counts (the shapes differ, say): no line
+    (({"all_reduce": 9, "backward": 8}, {"all_reduce": 8, "backward": 8}),
+     "calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward (every rank must make "
+     "the same calls as often as the others)"),
+    (({"backward": 9}, {"all_gather": 1, "backward": 8, "send": 2}),  # uneven data: rank 0 began a 9th step
+     "calls entered so far: rank 0: 0 all_gather, 9 backward; rank 1: 1 all_gather, 8 backward (every rank must make "
+     "the same calls as often as the others; under DDP each backward all-reduces the gradients, so the ranks must "
+     "also run as many batches, or train inside DDP's join())"),
+    (({"all_reduce": 2, "send": 1}, {"all_reduce": 2, "recv": 1}), None),  # the same counts but point-to-point
 ])
 def test_the_ranks_counts_of_calls_are_printed_where_they_differ(counts, said):
     answers = {r: counted(r, c, current=call("all_reduce", 2) if r == 0 else None) for r, c in enumerate(counts)}

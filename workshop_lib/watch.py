@@ -3,12 +3,13 @@
     python -m workshop_lib.watch [--after SECONDS] [--record FILE] SCRIPT [ARGS...]
     torchrun --standalone --nproc_per_node=2 -m workshop_lib.watch solutions/step3_ddp.py --epochs 2
 
-SCRIPT runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, unchanged: it
-holds no line of the watch. When a collective has waited SECONDS (default: the
-environment's WORKSHOP_HANG_AFTER, else a quarter of the process group's timeout),
-the rank prints who never arrived and where each rank is
-(:mod:`workshop_lib.debug.hangwatch`); ``--record`` (or WORKSHOP_HANG_RECORD)
-also saves that block as JSON. Under plain python, a world of one, nothing is watched.
+SCRIPT runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and its folder first on ``sys.path``, as
+``python SCRIPT ARGS`` runs it, unchanged: it holds no line of the watch. When a collective has waited SECONDS
+(default: the environment's WORKSHOP_HANG_AFTER, else a quarter of the process group's timeout, at most a minute),
+the rank prints who never arrived and where each rank is, then one line each time the wait doubles
+(:mod:`workshop_lib.debug.hangwatch`); ``--record`` (or WORKSHOP_HANG_RECORD) also saves that block as JSON.
+Under plain python, a world of one, nothing is watched. A SCRIPT that is missing or does not compile is one line
+on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ import os
 import runpy
 import sys
 from collections.abc import Sequence
+from types import CodeType
+
+from workshop_lib.errors import WorkshopError
+
+NO_SCRIPT, NOT_PYTHON = 2, 1  # exit statuses, as python's own: no such file (2), a SyntaxError (1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 usage="%(prog)s [--after SECONDS] [--record FILE] SCRIPT [ARGS...]")
     p.add_argument("--after", type=float, default=None, metavar="SECONDS",
                    help="seconds a collective may wait before the diagnosis (default: $WORKSHOP_HANG_AFTER, "
-                        "else a quarter of the process group's timeout)")
+                        "else a quarter of the process group's timeout, at most 60)")
     p.add_argument("--record", default=None, metavar="FILE",
                    help="also save the diagnosis to this JSON file (default: $WORKSHOP_HANG_RECORD)")
     p.add_argument("script", help="the Python script to run, as `python SCRIPT ARGS` would")
@@ -33,13 +39,49 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def compiled(path: str) -> CodeType:
+    """``path``'s code, as ``python`` compiles a script; a WorkshopError of one line where it cannot: 'x.py:7:
+    SyntaxError: expected ':'' (IndentationError, a file that is not Python, one that is not text, alike)."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as err:
+        raise WorkshopError(f"cannot read the script {path!r} ({err.strerror or type(err).__name__})") from None
+    try:
+        return compile(source, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as err:  # ValueError: null bytes, in older Pythons
+        line = getattr(err, "lineno", None)
+        said = f"{path}:{line}: " if line else f"{path}: "
+        said += f"{type(err).__name__}: {getattr(err, 'msg', None) or err}"
+        if not path.endswith(".py"):
+            said += " (is it a Python script? give the .py file the job runs)"
+        raise WorkshopError(said) from None
+
+
+def _fail(text: str, status: int) -> None:
+    """One line on stderr (from one rank a node: each has the same to say), and the exit ``status``."""
+    from workshop_lib.debug.launchenv import read_launch_env
+
+    try:
+        first = read_launch_env().local_rank == 0
+    except WorkshopError:  # an incomplete torchrun environment: the watch's own warning says so, where it runs
+        first = True
+    if first:
+        print(text, file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     opts = parser.parse_args(argv)
-    if not os.path.isfile(opts.script):
-        parser.error(f"no script {opts.script!r}; give the path of a .py file")
     if opts.after is not None and not opts.after > 0:
         parser.error(f"--after {opts.after:g}: give a number of seconds above 0")
+    if not os.path.isfile(opts.script):
+        _fail(f"{parser.prog}: no script {opts.script!r}; give the path of the .py file the job runs", NO_SCRIPT)
+    try:
+        compiled(opts.script)  # runpy compiles it again below: a script that cannot run is one line, before the watch
+    except WorkshopError as err:
+        _fail(str(err), NOT_PYTHON)
     from workshop_lib.debug import hangwatch
 
     sys.argv = [opts.script, *opts.args]

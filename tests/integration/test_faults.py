@@ -6,7 +6,8 @@ other ranks, restarting the group), the core (snapshots) or an instrument attach
 from outside (``-m workshop_lib.watch``). docs/reference/faults.md says which. A hang
 with the watch attached is tested where the watch is: tests/unit/debug/test_hangwatch.py
 (who never arrived, under torchrun) and test_hangs_lab.py (a lab's hang under torchrun,
-ended by the group's own timeout).
+ended by the group's own timeout); here, the watch with no flag on a script written
+elsewhere (tests/workers/elsewhere/train.py, one line changed).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,8 +39,27 @@ from tests.reliability import (
     torchrun,
 )
 from workshop_lib import checkpoint
+from workshop_lib.debug import hangreport
 
 FAULT_WORKER = REPO / "tests" / "workers" / "fault_worker.py"
+ELSEWHERE = REPO / "tests" / "workers" / "elsewhere"  # train.py in the tutorials' form, and its datautils.py
+
+
+def _elsewhere(tmp_path: Path, line: str, instead: str) -> tuple[Path, int]:
+    """A copy of the script written elsewhere (and its data module beside it) with ``line`` replaced: its path, and
+    the number of the changed line."""
+    for name in ("train.py", "datautils.py"):
+        shutil.copy(ELSEWHERE / name, tmp_path / name)
+    lines = (ELSEWHERE / "train.py").read_text().splitlines(keepends=True)
+    at = [i for i, text in enumerate(lines) if text.strip() == line]
+    assert len(at) == 1, line
+    lines[at[0]] = lines[at[0]].replace(line, instead)
+    (tmp_path / "train.py").write_text("".join(lines))
+    return tmp_path / "train.py", at[0] + 1
+
+
+def _line_of(script: Path, code: str) -> int:
+    return next(i for i, text in enumerate(script.read_text().splitlines(), 1) if text.strip() == code)
 
 
 def _workers(run) -> dict[str, int]:
@@ -187,3 +210,56 @@ def test_the_timeout_flag_reaches_init_process_group(tmp_path):
     root = _summary(proc.stderr).split("Root Cause (first observed failure):", 1)[1]
     assert "rank      : 0 (local_rank: 0)" in root, root
     assert "Timed out waiting 3000ms for recv operation to complete" in root, root
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_rank_stuck_in_a_script_written_elsewhere_is_named_within_a_minute_with_no_flag(tmp_path):
+    """Global rank 0 waits in a barrier inside its snapshot save, which rank 1 never calls (it goes on to the next
+    epoch's backward): with no flag, the watch names the rank, the call and the line about a minute in, and says that
+    its report is not a failure. The one test that waits the default; the schedule is test_hangwatch.py's."""
+    script, barrier = _elsewhere(tmp_path, 'print(f"Epoch {epoch} | snapshot saved at {self.snapshot_path}")',
+                                 "dist.barrier()  # rank 0 only: the other rank never comes here")
+    run = torchrun(["-m", "workshop_lib.watch", script, "2", "1", "--snapshot_path", tmp_path / "snapshot.pt"])
+    try:
+        assert run.wait_for(lambda: "[rank 0] epoch 0 | steps: 8" in run.output, 150), run.output[-3000:]
+        stuck = time.monotonic()  # rank 0 printed its epoch and went to save: into the barrier
+        whole = re.compile(r"hangwatch:   rank 0: .*\n(.*\n)*hangwatch:   rank 1: ")  # the block, to its last rank
+        assert run.wait_for(lambda: whole.search(run.output), 90), run.output[-3000:]
+        heard = time.monotonic() - stuck
+    finally:
+        stop(run)
+    said = hangreport.block(run.lines)
+    text = "\n".join(said)
+    waited = re.match(r"rank (\d) has waited (\d+) s in ", said[0])
+    assert waited and int(waited.group(2)) >= 60 and heard < 90, (heard, text)  # the default: about a minute
+    assert said[1].startswith("a report, not a failure: the call may still complete") and "(30 min)" in said[1], text
+    assert re.search(rf"rank 0 (has waited \d+ s in|is in) barrier #1 \(no tensor\),? (called )?at \S*train\.py:"
+                     rf"{barrier} in _save_snapshot\(\)", text), text  # the stuck rank, its call and its line
+    assert f"train.py:{barrier}: dist.barrier()" in text and "never arrived: rank " in text, text
+    assert f"train.py:{_line_of(script, 'loss.backward()')}: loss.backward()" in text, text  # where rank 1 is
+    assert "[rank 1] epoch 0 | steps: 8" in run.output  # the script's own arguments and messages, through the watch
+    assert not re.search(r"workshop_lib/|runpy", text), text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_uneven_data_in_a_script_written_elsewhere_is_named_with_each_ranks_counts(tmp_path):
+    """Rank 0 reads 32 molecules more than rank 1 (a file of its own, say), so 9 batches to rank 1's 8: rank 0's 9th
+    backward waits for a rank that has finished. The watch, with no flag, prints each rank's count of backward passes
+    beside the line, when the rank that left makes the waiting one fail."""
+    script, _ = _elsewhere(tmp_path, "train_set = MyTrainDataset(512)",
+                           "train_set = MyTrainDataset(544 if dist.get_rank() == 0 else 512)")
+    run = torchrun(["-m", "workshop_lib.watch", script, "1", "1", "--snapshot_path", tmp_path / "snapshot.pt"])
+    try:
+        rc = run.wait(timeout=150)
+    finally:
+        stop(run)
+    text = "\n".join(hangreport.block(run.lines))
+    assert rc != 0, run.output[-3000:]
+    assert re.search(rf"rank 0 failed after \d+ s \(.*\) in loss\.backward\(\) \(DDP's gradient buckets\), called at "
+                     rf"\S*train\.py:{_line_of(script, 'loss.backward()')} in _run_batch\(\)", text), text
+    assert "rank 1 has left the job" in text, text
+    assert "calls entered so far: rank 0: 9 backward; rank 1: 8 backward (every rank must make the same calls as " \
+           "often as the others; under DDP each backward all-reduces the gradients, so the ranks must also run as " \
+           "many batches, or train inside DDP's join())" in text, text

@@ -1,5 +1,6 @@
 """The hang watch's record: the collective a rank is in (:class:`Call`), and the block it prints from every rank's
-answer (:func:`explain`: who never arrived, and where each rank is), saved as JSON for the checks and figures.
+answer (:func:`explain`: who never arrived, where each rank is, and each rank's count of calls where the counts
+differ), saved as JSON for the checks and figures.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from workshop_lib.debug import collectives, frames
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
+POINT_TO_POINT = ("send", "recv")  # not every rank calls them: left out of the ranks' counts
 RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
 
 
@@ -82,8 +84,9 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
-def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_size: int) -> list[str]:
-    """The lines that explain ``call`` stuck on ``rank``, from every rank's answer."""
+def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_size: int,
+            note: str | None = None) -> list[str]:
+    """The lines that explain ``call`` stuck on ``rank``, from every rank's answer (``note``: a line after the first)."""
     lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
     missing = []
     for r in range(world_size):
@@ -120,9 +123,9 @@ def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_siz
             lines.append(f"rank {r} never entered {call.name()}: it is in {_at(a)}, not in a collective; {last_text}")
     if missing:
         lines.insert(1, f"never arrived: rank {', '.join(map(str, missing))}")
-    first = _first_difference(answers)
-    if first:
-        lines.append(first)
+    if note:
+        lines.insert(1, note)
+    lines += filter(None, (_counts(answers), _first_difference(answers)))
     lines.append("where each rank is, outermost frame first:")
     for r in sorted(answers):
         frames = answers[r]["frames"][-4:]
@@ -195,6 +198,23 @@ def one_line(block: list[str]) -> str:
         doing if doing.startswith("it ") else f"it {doing}"
     return f"rank {waiter} waits in {call}" + (f" (called at {where})" if where else "") + \
         f"; rank {first} {joined} {doing}"
+
+
+def _counts(answers: dict[int, dict]) -> str | None:
+    """'calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward (every rank must
+    ...)', where the ranks' counts (each answer's ``counts``) of collectives and backward passes differ."""
+    counts = {r: {op: n for op, n in a["counts"].items() if op not in POINT_TO_POINT}
+              for r, a in sorted(answers.items()) if a.get("counts") is not None}
+    ops = sorted(set().union(*counts.values()), key=lambda op: (op == collectives.BACKWARD, op))
+    table = {r: [c.get(op, 0) for op in ops] for r, c in counts.items()}
+    if len(table) < 2 or len({tuple(n) for n in table.values()}) == 1:
+        return None
+    each = "; ".join(f"rank {r}: " + ", ".join(f"{n} {op}" for n, op in zip(ns, ops, strict=True))
+                     for r, ns in table.items())
+    steps = len({c.get(collectives.BACKWARD, 0) for c in counts.values()}) > 1
+    return (f"calls entered so far: {each} (every rank must make the same calls as often as the others" +
+            ("; under DDP each backward all-reduces the gradients, so the ranks must also run as many batches, or "
+             "train inside DDP's join())" if steps else ")"))
 
 
 def _first_difference(answers: dict[int, dict]) -> str | None:

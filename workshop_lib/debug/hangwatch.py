@@ -8,9 +8,11 @@ waited ``threshold`` seconds, or failed, the rank asks every rank where it is an
 (:mod:`workshop_lib.debug.hangreport`). On CUDA (NCCL) a collective queued but not finished on the GPU within
 ``threshold`` is reported too. ``faulthandler`` on SIGUSR1 serves ``python -m workshop_lib.diagnose``. When the
 watch fails it prints one ``hangwatch warning:`` line and the job runs on unwatched. The per-rank side is
-:class:`~workshop_lib.debug.rankwatch.Watch`. The default threshold is a quarter of the group's timeout: the one the
-script passes to ``init_process_group``, seen through a call-through wrapper (``unittest.mock.patch.object``) when
-the watch attaches before the script runs, else torch's documented default (:func:`rankwatch.default_threshold`).
+:class:`~workshop_lib.debug.rankwatch.Watch`. The default threshold is a quarter of the group's timeout, at most a
+minute (a minute with torch's default timeouts): the timeout the script passes to ``init_process_group``, seen through a
+call-through wrapper (``unittest.mock.patch.object``) when the watch attaches before the script runs, else torch's
+documented default (:func:`rankwatch.default_threshold`). With it the block also says that a report is not a failure.
+The rank that printed the block adds one line each time the wait doubles (:func:`rankwatch.report_at`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ _count = 0  # watches started in this process: each talks under its own prefix o
 
 
 def _threshold(threshold: float | None) -> float | None:
-    """``threshold``, else WORKSHOP_HANG_AFTER, else None (a quarter of the group's timeout); ValueError if not > 0."""
+    """``threshold``, else WORKSHOP_HANG_AFTER, else None (the watch's own: :func:`rankwatch.default_threshold`);
+    ValueError if not > 0."""
     if threshold is None and os.environ.get(AFTER_VARIABLE):
         try:
             threshold = float(os.environ[AFTER_VARIABLE])
@@ -56,7 +59,7 @@ def _threshold(threshold: float | None) -> float | None:
 def attach(threshold: float | None = None, record: str | None = None, poll: float = 0.5) -> Watch | None:
     """Watch this process's collectives, through torchrun's store, once the script joins its group (not in a world
     of one). ``threshold``: seconds before the diagnosis (default WORKSHOP_HANG_AFTER, else a quarter of the group's
-    timeout, at least 5); ``record``: a JSON file for it too (default WORKSHOP_HANG_RECORD)."""
+    timeout, from 5 s to a minute); ``record``: a JSON file for it too (default WORKSHOP_HANG_RECORD)."""
     try:
         launch = read_launch_env()
         threshold = _threshold(threshold)

@@ -2,7 +2,8 @@
 
 :mod:`workshop_lib.debug.hangwatch` starts and stops it. ``enter`` and ``leave`` run around every collective
 (:mod:`workshop_lib.debug.collectives`); the thread answers the other ranks through its own client of the
-rendezvous store and, when a collective waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`).
+rendezvous store and, when a collective waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`),
+then one short line each time the wait doubles (:func:`report_at`), until the call ends or the group's timeout fails it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ WARNING = "hangwatch warning: "  # starts the one line the watch prints when it 
 HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
 CONNECT_TIMEOUT = timedelta(seconds=30)
+AFTER = 60.0  # the longest default threshold (s): a learner's job without --after hears of a wait within a minute
 
 
 _warned = False
@@ -50,14 +52,31 @@ def store_gone(err: BaseException) -> bool:
     return isinstance(err, dist.DistNetworkError)
 
 
-def default_threshold(timeout: timedelta | None = None) -> float:
-    """A quarter of the group's ``timeout``, at least 5 s. None: the script passed none, or it was not seen (the
-    watch attached after the group was made): torch's documented default for the group's backend, 10 min for
-    nccl and 30 min for the others (:mod:`torch.distributed.constants`)."""
+def group_timeout(timeout: timedelta | None = None) -> timedelta:
+    """``timeout``, else torch's documented default for the group's backend: 10 min for nccl and 30 min for the others
+    (:mod:`torch.distributed.constants`)."""
     if timeout is None:
         nccl = dist.is_initialized() and "nccl" in str(dist.get_backend())
         timeout = (nccl and default_pg_nccl_timeout) or default_pg_timeout  # the former is None without NCCL
-    return max(5.0, timeout.total_seconds() / 4)
+    return timeout
+
+
+def default_threshold(timeout: timedelta | None = None) -> float:
+    """A quarter of the group's ``timeout``, at least 5 s and at most :data:`AFTER` (a minute): with torch's default
+    timeouts (None: the script passed none, or it was not seen, the watch attached after the group was made), a
+    minute; with a short one, a report still comes before the timeout ends the wait (:func:`group_timeout`)."""
+    return min(AFTER, max(5.0, group_timeout(timeout).total_seconds() / 4))
+
+
+def report_at(threshold: float, n: int) -> float:
+    """How long a call has waited at the watch's report number ``n`` on it (0: the full block, then one line each
+    time the wait doubles): ``threshold``, then 2, 4, 8 ... times it (1, 2, 4, 8 min by default)."""
+    return threshold * 2**n
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '2 min': how long a call has waited, as a report says it."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def init_timeout(watch: Watch, real):
@@ -67,6 +86,7 @@ def init_timeout(watch: Watch, real):
     def init_process_group(*args, **kwargs):
         with contextlib.suppress(TypeError):  # arguments torch refuses: its own error says so, below
             watch.group_timeout = inspect.signature(real).bind(*args, **kwargs).arguments.get("timeout")
+            watch.saw_group = True
         return real(*args, **kwargs)
 
     return init_process_group
@@ -79,7 +99,9 @@ class Watch:
                  prefix: str = "hangwatch"):
         self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
         self.threshold, self.poll = threshold, poll
+        self.own_threshold = threshold is None  # nobody chose it: the full block says what a report means
         self.group_timeout: timedelta | None = None  # what the script passed to init_process_group, where seen
+        self.saw_group = False  # the watch saw init_process_group called: the group's timeout is known
         self.record = record or os.environ.get(hangreport.RECORD_VARIABLE) or None  # where the block is saved too
         self.rank, self.world_size = -1, 0  # known once the group exists
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
@@ -87,9 +109,11 @@ class Watch:
         self.hosts_store = False  # rank 0 hosts the rendezvous store (no agent store): it waits for the others
         self.seq, self.current, self.last = 0, None, None
         self.backwards = 0  # backward() calls entered: under DDP, one gradient all-reduce each
+        self.counts: collections.Counter = collections.Counter()  # calls entered, by op (backward included)
         self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
         self.queued: collections.deque = collections.deque(maxlen=HISTORY)  # (Call, CUDA event) not known finished
         self.reported: set = set()  # (op, seq, since) of the waits already explained
+        self.again: tuple[tuple, int] | None = None  # (the wait this rank explained, its next report's number)
         self.main = threading.main_thread().ident
         self.stop = threading.Event()
         self.joined = threading.Event()  # the group exists and the stores are connected
@@ -105,6 +129,7 @@ class Watch:
         if self.world_size == 0 and dist.is_initialized():
             self.join()  # the first collective of a new group: connect now, not up to a poll later
         gpu = on_gpu(args, kwargs)
+        self.counts[op] += 1
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
             self.backwards += 1
             self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
@@ -193,9 +218,40 @@ class Watch:
                 self.answered = asked
                 store.set(f"where/{self.rank}", self.where(asked))
             call = self.current or self.unfinished_on_gpu()
-            if call is not None and time.time() - call.since > self.threshold:
-                on_gpu = " for the GPU to finish it" if call is not self.current else ""
-                self.explain(call, f"has waited {time.time() - call.since:.0f} s{on_gpu}", store)
+            if call is not None:
+                self.speak(call, time.time(), store)
+
+    def speak(self, call: Call, now: float, store: dist.Store | None = None) -> None:
+        """Report ``call``'s wait once it has lasted the threshold (the full block, from one rank), then one line
+        from that rank each time the wait doubles (:func:`report_at`)."""
+        waited = now - call.since
+        if waited <= self.threshold:
+            return
+        key = (call.op, call.seq, call.since)
+        if key not in self.reported:
+            on_gpu = " for the GPU to finish it" if call is not self.current else ""
+            self.explain(call, f"has waited {waited:.0f} s{on_gpu}", store, note=self.note())
+        elif self.again and self.again[0] == key and waited >= report_at(self.threshold, self.again[1]):
+            self.again = (key, self.again[1] + 1)
+            timeout = f", of the process group's {duration(self.timeout())} timeout" if self.timeout() else ""
+            print(f"{PREFIX}rank {self.rank} still waits in {call.name()}" +
+                  (f", called at {call.where}" if call.where else "") + f": {duration(waited)} so far{timeout}",
+                  file=sys.stderr, flush=True)
+
+    def timeout(self) -> float | None:
+        """The group's timeout (s), where the watch saw the group made (else unknown: None)."""
+        return group_timeout(self.group_timeout).total_seconds() if self.saw_group else None
+
+    def note(self) -> str | None:
+        """What a report means, for a learner who chose no threshold: None where a tool or the learner chose one."""
+        if not self.own_threshold:
+            return None
+        timeout = self.timeout()
+        again = [report_at(self.threshold, n) for n in (1, 2, 3, 4) if not timeout or report_at(self.threshold, n) < timeout]
+        later = ", ".join(map(duration, again[:3])) + (" ..." if len(again) > 3 else "")  # none after the timeout
+        return (f"a report, not a failure: the call may still complete (a rank that is only slow) or wait until the "
+                f"process group's timeout{f' ({duration(timeout)})' if timeout else ''} makes it fail" +
+                (f"; the watch reports again at {later}" if again else ""))
 
     def unfinished_on_gpu(self) -> Call | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
@@ -211,6 +267,7 @@ class Watch:
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
                            "current": asdict(call) if call else None, "left": self.left,
                            "last": asdict(self.last) if self.last else None, "backwards": self.backwards,
+                           "counts": dict(self.counts),
                            "history": [asdict(c) for c in self.history]})
 
     def say_left(self, store: dist.Store | None) -> None:
@@ -234,8 +291,8 @@ class Watch:
             time.sleep(0.02)
 
     # --------------------------------------------------------------- the diagnosis
-    def explain(self, call: Call, how: str, store: dist.Store | None = None) -> None:
-        """Ask every rank where it is, and print the diagnosis of ``call`` once."""
+    def explain(self, call: Call, how: str, store: dist.Store | None = None, note: str | None = None) -> None:
+        """Ask every rank where it is, and print the diagnosis of ``call`` once (``note``: what a report means)."""
         key = (call.op, call.seq, call.since)
         with self.lock:
             if key in self.reported:
@@ -262,7 +319,8 @@ class Watch:
                 time.sleep(0.05)
         except dist.DistNetworkError:
             pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer
-        lines = explain(self.rank, call, how, answers, self.world_size)
+        lines = explain(self.rank, call, how, answers, self.world_size, note)
+        self.again = (key, 1)  # this rank explained the wait: it says when the wait doubles
         print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
             try:

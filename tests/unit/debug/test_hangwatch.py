@@ -89,6 +89,32 @@ def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
         "shape and dtype")
 
 
+def counted(rank, counts, **kw):
+    return {**answer(rank, [], **kw), "counts": counts}
+
+
+@pytest.mark.parametrize(("counts", "said"), [
+    (({"all_reduce": 9, "backward": 8}, {"all_reduce": 8, "backward": 8}),
+     "calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward (every rank must make "
+     "the same calls as often as the others)"),
+    (({"backward": 9}, {"all_gather": 1, "backward": 8, "send": 2}),  # uneven data: rank 0 began a 9th step
+     "calls entered so far: rank 0: 0 all_gather, 9 backward; rank 1: 1 all_gather, 8 backward (every rank must make "
+     "the same calls as often as the others; under DDP each backward all-reduces the gradients, so the ranks must "
+     "also run as many batches, or train inside DDP's join())"),
+    (({"all_reduce": 2, "send": 1}, {"all_reduce": 2, "recv": 1}), None),  # the same counts but point-to-point
+])
+def test_the_ranks_counts_of_calls_are_printed_where_they_differ(counts, said):
+    answers = {r: counted(r, c, current=call("all_reduce", 2) if r == 0 else None) for r, c in enumerate(counts)}
+    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
+    assert [line for line in lines if line.startswith("calls entered")] == ([said] if said else [])
+    assert one_line(lines) == one_line([x for x in lines if not x.startswith("calls entered")])  # the one line as before
+
+
+def test_the_schedule_of_reports_doubles_the_wait():
+    assert [rankwatch.report_at(60.0, n) for n in range(5)] == [60, 120, 240, 480, 960]  # 1, 2, 4, 8, 16 min
+    assert [rankwatch.duration(s) for s in (61.4, 119, 120, 240)] == ["61 s", "119 s", "2 min", "4 min"]
+
+
 def test_attach_in_a_world_of_one_changes_nothing(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)  # plain python: no torchrun variables
     before = dist.all_reduce
@@ -106,9 +132,12 @@ def test_install_in_a_world_of_one_changes_nothing():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("given", "threshold"), [({"timeout": timedelta(seconds=40)}, 10.0), ({}, 450.0)])
+@pytest.mark.parametrize(("given", "threshold"), [({"timeout": timedelta(seconds=40)}, 10.0),
+                                                  ({"timeout": timedelta(seconds=120)}, 30.0),  # the step scripts'
+                                                  ({}, 60.0)])
 def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_group(monkeypatch, given, threshold):
-    """attach (before the script) sees init_process_group's timeout; none given: torch's default for gloo, 30 min."""
+    """attach (before the script) sees init_process_group's timeout, a quarter of it at most a minute; none given:
+    torch's default for gloo, 30 min, so a minute."""
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun tells rank 0 of 2; the group below is a world of one
     monkeypatch.setenv("RANK", "0")
     monkeypatch.delenv(hangwatch.AFTER_VARIABLE, raising=False)
@@ -118,7 +147,8 @@ def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_
         assert dist.init_process_group is not original  # observed, call-through
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, **given)
         watch.join()
-        assert (watch.group_timeout, watch.threshold) == (given.get("timeout"), threshold)
+        assert (watch.group_timeout, watch.threshold, watch.saw_group) == (given.get("timeout"), threshold, True)
+        assert watch.timeout() == (given.get("timeout") or dist.default_pg_timeout).total_seconds()
     finally:
         hangwatch.detach()
         dist.destroy_process_group()
@@ -127,7 +157,9 @@ def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_
 
 def test_a_watch_that_did_not_see_the_group_made_takes_torchs_default_for_its_backend():
     assert rankwatch.default_threshold(timedelta(seconds=8)) == 5.0  # never below 5 s
-    assert rankwatch.default_threshold() == dist.default_pg_timeout.total_seconds() / 4 == 450.0  # no group: gloo's
+    assert rankwatch.default_threshold(timedelta(minutes=10)) == 60.0  # nccl's default: never above a minute
+    assert rankwatch.group_timeout() == dist.default_pg_timeout == timedelta(minutes=30)  # no group: gloo's
+    assert rankwatch.default_threshold() == 60.0
 
 
 def test_each_collective_is_recorded_with_the_backward_calls_before_it():
@@ -141,6 +173,7 @@ def test_each_collective_is_recorded_with_the_backward_calls_before_it():
     said = json.loads(watch.where(1))
     assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("all_reduce", 1, 0), ("all_gather", 2, 2)]
     assert said["backwards"] == 3 and (said["current"]["op"], said["current"]["backwards"]) == ("backward", 3)
+    assert said["counts"] == {"all_reduce": 1, "backward": 3, "all_gather": 1}  # every call entered, by op
 
 
 @pytest.fixture
@@ -185,6 +218,46 @@ def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_pri
     assert err[0] == "hangwatch: rank 0 has waited 6 s in all_reduce #2 (float32[3]), called at t.py:9 in train()"
     warnings = [line for line in err if not line.startswith(hangreport.PREFIX)]
     assert len(warnings) == 1 and warnings[0].startswith(f"{hangwatch.WARNING}could not save the hang record to ")
+
+
+SAVING = Call("barrier", 1, "no tensor", 1000.0, "train.py:64 in _save_snapshot()")
+NOT_A_FAILURE = ("a report, not a failure: the call may still complete (a rank that is only slow) or wait until the "
+                 "process group's timeout (30 min) makes it fail; the watch reports again at 2 min, 4 min, 8 min ...")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("threshold", "heard"), [
+    (None, {61: ["rank 0 has waited 61 s in barrier #1 (no tensor), called at train.py:64 in _save_snapshot()",
+                 NOT_A_FAILURE],
+            120: ["rank 0 still waits in barrier #1, called at train.py:64 in _save_snapshot(): 2 min so far, of the "
+                  "process group's 30 min timeout"],
+            240: ["rank 0 still waits in barrier #1, called at train.py:64 in _save_snapshot(): 4 min so far, of the "
+                  "process group's 30 min timeout"],
+            480: ["rank 0 still waits in barrier #1, called at train.py:64 in _save_snapshot(): 8 min so far, of the "
+                  "process group's 30 min timeout"]}),
+    (5.0, {6: ["rank 0 has waited 6 s in barrier #1 (no tensor), called at train.py:64 in _save_snapshot()",
+               "where each rank is, outermost frame first:"],  # a threshold that was chosen: no note
+           10: ["rank 0 still waits in barrier #1, called at train.py:64 in _save_snapshot(): 10 s so far, of the "
+                "process group's 30 min timeout"],
+           20: ["rank 0 still waits in barrier #1, called at train.py:64 in _save_snapshot(): 20 s so far, of the "
+                "process group's 30 min timeout"]}),
+])
+def test_a_wait_is_reported_in_full_then_in_one_line_each_time_it_doubles(group_of_two, capsys, threshold, heard):
+    """Driven by the clock that speak() is given, not waited for: the watch's own threshold (a minute, for a group
+    made with gloo's default timeout of 30 min) comes with what a report means; one chosen (``--after``) without."""
+    watch = hangwatch.install(dist.HashStore(), threshold=threshold, poll=60)
+    watch.join()
+    watch.world_size = 1  # only this rank's answer to wait for
+    watch.saw_group = True  # as attach sees the script's init_process_group, here with no timeout given
+    watch.current = SAVING  # the main thread is in it (as enter() notes it)
+    first, last = min(heard), max(heard)
+    for wait in range(1, 2 * last):  # each second's poll, up to the wait before the next report
+        watch.speak(SAVING, SAVING.since + wait)
+        said = hangreport.block(capsys.readouterr().err.splitlines())
+        assert said[:len(heard.get(wait, []))] == heard.get(wait, []), wait
+        assert bool(said) == (wait in heard), (wait, said)  # nothing in between
+        assert len(said) <= 1 or wait == first  # after the full block, one line each
+    assert watch.reported == {("barrier", 1, 1000.0)}  # one full block for the wait
 
 
 def watched(mode: str, timeout: float, after: float | None, **env: str) -> subprocess.CompletedProcess:

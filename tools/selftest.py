@@ -13,8 +13,9 @@ It checks what the lab needs, the slow parts at the same time:
   and its ``python3`` kernel runs this environment's Python;
 * the lab's JupyterLab settings are installed (``python -m tools.jupyter_settings``).
 
-From a notebook (00's last cell), ``--kernel PYTHON`` names the kernel's Python: the self-test then checks that the
-kernel is this environment's instead of starting a second JupyterLab.
+Run from a notebook's cell (``!python -m tools.selftest``, 00's last cell), it finds the kernel among its parent
+processes and checks that the kernel is this environment's Python, instead of starting a second JupyterLab;
+``--kernel PYTHON`` names a kernel's Python by hand.
 
 It prints ``DDP-WORKSHOP READY: torch 2.13.0, python 3.11, 2 cores, ..., linux`` and exits 0, or
 ``DDP-WORKSHOP NOT READY: ...`` naming each thing that is missing and its fix (then, in brackets, what the machine
@@ -254,6 +255,21 @@ def check_settings(config_dir: Path | None = None) -> Result:
     return Result(True, "the lab's JupyterLab settings installed")
 
 
+def notebook_kernel() -> str | None:
+    """The Python of the Jupyter kernel this process was started from (a ``!`` line of a notebook's cell), as the
+    kernel was launched (its first argument, not the file a venv's link resolves to); None outside a notebook."""
+    try:
+        import psutil
+
+        for parent in psutil.Process().parents():
+            argv = parent.cmdline()
+            if any("ipykernel" in a for a in argv[1:3]):
+                return argv[0]
+    except Exception:  # psutil missing, or a parent gone or not ours to read: no kernel found
+        return None
+    return None
+
+
 def run(kernel: str | None = None) -> list[Result]:
     """Every check; the ones that start processes at the same time. ``kernel``: the notebook's kernel's Python (run
     from a notebook, inside a JupyterLab: none is started)."""
@@ -286,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kernel", metavar="PYTHON", help="from a notebook: the kernel's Python (sys.executable); checks "
                                                      "it is this environment's, and starts no JupyterLab")
     args = p.parse_args(argv)
-    code, line = verdict(run(args.kernel))
+    code, line = verdict(run(args.kernel or notebook_kernel()))
     print(line, flush=True)  # stdout either way: the one line to send, from a terminal or a notebook's cell
     raise SystemExit(code)
 

@@ -155,3 +155,16 @@ def test_the_command_says_ready_in_one_line_within_seconds():
     for part in ("python 3.", " cores, ", "torchrun on PATH", "gloo 2-rank join", "data 7,807 molecules", "JupyterLab",
                  "kernel: this environment"):
         assert part in line, f"the ready line lacks {part!r}: {line}"
+
+
+@pytest.mark.timeout(60)
+def test_run_from_a_notebooks_cell_it_finds_the_kernel(tmp_path):
+    """A ``!`` line's process descends from the kernel (``python -m ipykernel_launcher ...``): the self-test reads
+    the kernel's Python from there, as the kernel was launched."""
+    kernel = tmp_path / "ipykernel_stand_in.py"  # a parent whose arguments name ipykernel, as a kernel's do
+    kernel.write_text("import subprocess, sys\n"
+                      "subprocess.run([sys.executable, '-c', 'from tools import selftest; "
+                      "print(selftest.notebook_kernel())'], check=True)\n")
+    out = subprocess.run([sys.executable, str(kernel)], capture_output=True, text=True, timeout=50, cwd=ROOT)
+    assert out.stdout.strip() == sys.executable, out.stdout + out.stderr
+    assert selftest.notebook_kernel() is None  # pytest's process: no kernel above it

@@ -48,7 +48,11 @@ The pace is calibrated on what rooms took for 00 to 03 as they stood at commit 7
 02 40-45, 03 40-45: tests/integration/test_times.py holds it there). The stated room minutes live in the notebooks'
 metadata, the one source the README, the site and the instructor's plans read: ``metadata.lab.teaching`` and
 ``metadata.lab.exercises`` for the notebook, and the same keys (and ``board``) in each ``## `` heading cell's
-``metadata.lab`` for its section. :data:`PLANS` are the two sessions an instructor can run, filled from them.
+``metadata.lab`` for its section. :data:`PLANS` are the two sessions an instructor can run, filled from them: a
+plan is a sequence of blocks, notebooks (or parts of one, between two sections) and fixed blocks, some of them rests
+(a break, lunch); what the session leaves over is buffer. A room keeps a plan that leaves :data:`MIN_BUFFER` minutes
+of buffer and never works more than :data:`MAX_STRETCH` minutes without a rest, its buffer's share included
+(:func:`plan_faults`).
 
     python -m tools.build --times            # the table: stated against counted, per notebook and section; the plans
     python -m tools.build --times --restate  # write the counted room minutes into the notebooks' metadata
@@ -390,7 +394,7 @@ def _layout(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[list[_Block],
                         if part.group("last") else f" from §{first}")
         else:
             first, last, sections = 0, _OPEN, ""
-        blocks.append(_Block("", 0, name, sections, (first, last), span=(first, last)))  # room: filled below
+        blocks.append(_Block("", 0, name, sections, span=(first, last)))  # its minutes: below
     for name in dict.fromkeys(b.name for b in blocks if b.name):
         parts = [b for b in blocks if b.name == name]
         left_out = cut.get(name, set())
@@ -398,7 +402,7 @@ def _layout(plan: Plan, room: dict[str, tuple[int, int]]) -> tuple[list[_Block],
         dropped = [r for n, r in numbered if n in left_out]
         sums = [tuple(room[name][i] - sum(r[i] for r in dropped) for i in (0, 1))]  # the notebook, less its cuts
         for b in parts[1:]:
-            first, last = b.room
+            first, last = b.span
             held = [r for n, r in numbered if n not in left_out and
                     (first <= n <= last if n is not None else last == _OPEN)]
             sums.append(tuple(sum(r[i] for r in held) for i in (0, 1)))
@@ -421,7 +425,8 @@ THREE_HOURS = Plan("3-hour session", 180, (
     # two demonstrations: the full day keeps them
     cut=(("01_", "1."), ("01_", "2."), ("01_", "5."), ("01_", "6."), ("03_", "the speed-up")))
 FULL_DAY = Plan("full day", 510, (
-    (10, "welcome; every self-test says `ready` (fix the rest now); the problem: one process, one device"),
+    (10, "welcome; every self-test line says `DDP-WORKSHOP READY` (fix the rest now); the problem: one process, one "
+         "device"),
     "00_", "01_ §1-3", (10, "break"), "01_ §4-", "02_ §1-2", (10, "break"), "02_ §3-", "03_ §1-2", (45, "lunch"),
     "03_ §3-", (10, "break"), "04a_ §1-3", (10, "break"), "04a_ §4-4", (10, "break"), "04a_ §5-", "05_ §1-2",
     (10, "break"), "05_ §3-",

@@ -48,8 +48,8 @@ def train_epoch(model, loader, optimizer, device) -> torch.Tensor:
 
 def check_all_reduce(device: torch.device) -> None:
     """Every rank contributes rank + 1; afterwards every rank holds 1 + 2 + ... + N."""
-    value = torch.tensor([dist.get_rank() + 1.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)  # (1,) this rank's contribution, on its device
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)  # in place: every rank now holds the sum
     world_size = dist.get_world_size()
     assert value.item() == world_size * (world_size + 1) / 2, f"all_reduce gave {value.item()}"
 

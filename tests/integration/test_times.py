@@ -79,7 +79,9 @@ def test_the_core_path_keeps_its_exercises():
     core = [c for c in counts() if c.title.startswith(CORE)]
     assert [c.title[:3] for c in core] == list(CORE)
     distributed = sum(c.exercises for c in core if not c.title.startswith("00"))  # 00 is a tour of the baseline
-    assert distributed >= 9, f"01 to 03 hold {distributed} exercises that write distributed lines, fewer than 9"
+    # 8 since issue 47: step 1's all-reduce check and its finally are given, with their reason (01's setup, the device
+    # and the group, stays two exercises); 10 did not fit three hours with a break every hour and 20 min of buffer
+    assert distributed >= 8, f"01 to 03 hold {distributed} exercises that write distributed lines, fewer than 8"
 
 
 def test_the_plans_are_a_three_hour_session_and_a_full_day():
@@ -89,15 +91,67 @@ def test_the_plans_are_a_three_hour_session_and_a_full_day():
     assert any("lunch" in b[1] for b in day.blocks if isinstance(b, tuple))
 
 
+def test_the_pre_work_takes_ten_minutes_at_most():
+    for prefix in budget.THREE_HOURS.before:
+        c = next(c for c in counts() if c.title.startswith(prefix))
+        assert round(c.minutes) <= 10 and c.stated <= 10, (
+            f"{c.title}, the 3-hour session's pre-work, counts {c.minutes:.1f} min alone (states {c.stated}): at most 10")
+
+
 @pytest.mark.parametrize("plan", budget.PLANS, ids=lambda p: p.name)
-def test_each_plan_fits_its_session_with_ten_minutes_of_buffer(plan):
+def test_each_plan_keeps_a_break_every_hour_and_twenty_minutes_of_buffer(plan):
     rows = budget.plan_rows(plan, room())
     assert sum(m for _, m, _ in rows) == plan.minutes and rows[0][0] == 0
     teaching, exercises, buffer = budget.plan_sums(plan, room())
-    assert buffer >= 10, (f"the {plan.name} holds {teaching} min teaching and {exercises} min exercises and keeps "
-                          f"{buffer} min of buffer, fewer than 10: cut a section or lengthen the session")
+    assert not budget.plan_faults(plan, room()), (
+        f"the {plan.name} ({teaching} min teaching, {exercises} min exercises): " + "; ".join(budget.plan_faults(
+            plan, room())) + " (python -m tools.build --times)")
+    assert buffer >= budget.MIN_BUFFER and all(m <= budget.MAX_STRETCH for _, m in budget.stretches(plan, room()))
     shared = sum(int(m) for _, _, what in rows for m in re.findall(r"(\d+) min of buffer", what))
     assert shared == buffer
+
+
+def test_the_three_hour_session_breaks_before_03():
+    blocks = budget.THREE_HOURS.blocks
+    assert budget.is_rest(blocks[blocks.index("03_") - 1]), "the 3-hour session has no break right before 03"
+
+
+def test_the_strict_count_of_the_three_hour_sessions_notebooks_is_105_minutes_at_most():
+    taught = [c for c in counts() if c.title.startswith(tuple(budget.THREE_HOURS.notebooks()))]
+    assert budget.strict(taught) <= 105, (
+        f"01-03's strict count (words/150 + code lines/15 + 8 min per exercise + 1 min per figure) is "
+        f"{budget.strict(taught):.1f} min, over 105")
+
+
+def test_a_plan_without_a_break_for_over_an_hour_or_with_little_buffer_is_faulted():
+    long_haul = budget.Plan("long haul", 180, ((5, "welcome"), "01_", "02_", (10, "break"), "03_"))
+    faults = budget.plan_faults(long_haul, room())
+    assert any("without a break, more than 60" in f for f in faults), faults
+    split = budget.Plan("split", 180, ((5, "welcome"), "01_", (10, "break"), "02_", (10, "break"), "03_"))
+    assert not any("without a break" in f for f in budget.plan_faults(split, room()))
+    tight = budget.Plan("tight", sum(sum(room()[n]) for n in room() if n.startswith(("01_", "02_"))) + 10 + 5,
+                        ((5, "welcome"), "01_", (10, "break"), "02_"))
+    assert budget.plan_sums(tight, room())[2] == 0
+    assert any("fewer than 20" in f for f in budget.plan_faults(tight, room()))
+
+
+def test_a_notebook_in_parts_is_the_whole_notebook_between_breaks():
+    whole = budget.Plan("whole", 300, ("04a_",))
+    parts = budget.Plan("parts", 310, ("04a_ §1-3", (10, "break"), "04a_ §4-"))
+    assert budget.plan_sums(parts, room()) == budget.plan_sums(whole, room())
+    rows = budget.plan_rows(parts, room())
+    assert rows[0][2].startswith("04a_patterns §1-3:") and rows[2][2].startswith("04a_patterns from §4:")
+    sections = dict(budget._sections("04a_patterns"))
+    later = tuple(sum(sections[n][i] for n in sections if n is None or n >= 4) for i in (0, 1))
+    assert re.search(rf": {later[0]} min teaching, {later[1]} min exercises", rows[2][2]), rows[2][2]
+    assert [start for start, _ in budget.stretches(parts, room())] == [0, rows[2][0]]
+
+
+def test_a_terminal_step_written_in_markdown_counts_as_a_command():
+    """04a's restart demo and 05's third lab are typed in a terminal from the markdown: counted as cmd cells are."""
+    by_title = {c.title: c for c in counts()}
+    assert next(p for p in by_title["04a_patterns"].parts if p.title.startswith("4.")).commands >= 3
+    assert next(p for p in by_title["05_when_it_hangs"].parts if p.title.startswith("4.")).commands >= 2
 
 
 def test_a_plan_that_does_not_fit_is_refused():
@@ -137,7 +191,7 @@ def test_the_readme_states_the_plans_sums():
     readme = " ".join((ROOT / "README.md").read_text().split())
     teaching, exercises, buffer = budget.plan_sums(budget.THREE_HOURS, room())
     assert (f"01 to 03: {teaching} min teaching, {exercises} min exercises, "
-            f"{180 - teaching - exercises - buffer} min of welcome, a break and wrap-up, {buffer} min of buffer"
+            f"{180 - teaching - exercises - buffer} min of welcome, two breaks and wrap-up, {buffer} min of buffer"
             in readme), "README.md's sentence on the three-hour session no longer states budget.plan_sums"
     assert f"({budget.plan_sums(budget.FULL_DAY, room())[2]} min of buffer)" in readme, \
         "README.md's sentence on the full day no longer states its buffer"

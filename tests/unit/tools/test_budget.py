@@ -85,3 +85,20 @@ def test_figures_shell_commands_and_the_projector_count_as_a_room_spends_them(tm
     assert (runs.figures, runs.commands) == (1, 1) and runs.minutes == pytest.approx(5 / 150 + 3 / 15 + 1 + 1)
     assert projector.figures == 1 and c.figures == 1  # the instructor's section is left out of the notebook's count
     assert c.projector == pytest.approx(projector.minutes) and "on the projector" in budget.table([c])
+
+
+def test_a_terminal_step_a_markdown_cell_gives_to_type_counts_as_a_command(tmp_path):
+    text = ("Try it in a terminal:\n\n```bash\nTORCH_X=1 torchrun --standalone --nproc_per_node=2 a.py --out runs/x\n"
+            "ps -ef | grep '[a].py'   # in a second terminal\nkill -9 <PID>\n```\n\nThen:\n\n"
+            "    python -m workshop_lib.diagnose\n\nwhich prints, say:\n\n    RuntimeError: a timeout\n\n"
+            "```python\nimport torch\npython = 1\n```\n\nand `torchrun --standalone a.py` inline is prose.")
+    assert budget.terminal_steps(text) == 4  # three fenced lines, one indented; not the error, the Python, the prose
+    v4 = nbformat.v4
+    nb = v4.new_notebook()
+    nb.cells = [v4.new_markdown_cell("# T\n\n**Time: about 5 minutes.**"), v4.new_markdown_cell("## 1. Typed (5 min)"),
+                v4.new_markdown_cell(text)]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    c = budget.count(path)
+    assert c.commands == c.parts[0].commands == 4
+    assert c.minutes == pytest.approx(c.words / 150 + 4 * budget.MIN_PER_COMMAND)

@@ -142,17 +142,26 @@ def test_the_plan_fills_the_session_with_the_stated_times_a_break_and_a_buffer(t
         nbformat.write(nb, path)
         sources.append(path.rename(path.with_name(f"{name}.ipynb")))
     monkeypatch.setattr(episodes.build, "source_notebooks", lambda: sources)
-    session = budget.Plan("test session", 180, ((15, "welcome"), "00_", "01_", (10, "break"), "02_", "03_",
-                                                (15, "wrap-up")))
+    session = budget.Plan("test session", 120, ((5, "welcome"), "00_", "01_", (10, "break"), "02_", "03_",
+                                                (5, "wrap-up")))
     rows = lab_site.plan(session)
-    assert sum(m for _, m, _ in rows) == 180 and rows[0][0] == 0
+    assert sum(m for _, m, _ in rows) == 120 and rows[0][0] == 0
     assert all(start + m == after for (start, m, _), (after, _, _) in itertools.pairwise(rows))  # no gap, no overlap
     names = [what for _, _, what in rows]
     assert names.index("break") == 3 and "01_b" in names[2]  # the break after 01
-    # 4 notebooks of 10 + 8 min: 180 - 15 - 10 - 15 - 4 x 18 = 68 min of buffer, shared out evenly
-    assert [m for _, m, what in rows if "episodes" in what] == [35, 35, 35, 35]
-    assert budget.plan_sums(session, {n: (10, 8) for n in ("00_a", "01_b", "02_c", "03_d")}) == (40, 32, 68)
-    assert lab_site.plan_table(session).splitlines()[-1] == "| 3:00 | | end |"
+    # 4 notebooks of 10 + 8 min: 120 - 5 - 10 - 5 - 4 x 18 = 28 min of buffer, shared out evenly
+    assert [m for _, m, what in rows if "episodes" in what] == [25, 25, 25, 25]
+    assert budget.plan_sums(session, {n: (10, 8) for n in ("00_a", "01_b", "02_c", "03_d")}) == (40, 32, 28)
+    assert budget.stretches(session, {n: (10, 8) for n in ("00_a", "01_b", "02_c", "03_d")}) == [(0, 55), (65, 55)]
+    assert lab_site.plan_table(session).splitlines()[-1] == "| 2:00 | | end |"
+    # 180 min: the shares that would keep a stretch over an hour without a break go where a stretch has room
+    long = budget.Plan("long session", 180, ((5, "welcome"), "00_", (10, "break"), "01_", "02_", (10, "break"),
+                                             "03_", (5, "wrap-up")))
+    room = {n: (10, 8) for n in ("00_a", "01_b", "02_c", "03_d")}
+    (_, first), (_, middle), (_, last) = budget.stretches(long, room)
+    assert middle == 60 and first <= 60 and last <= 60 and budget.plan_faults(long, room) == []
+    assert sum(int(what.split(", ")[-1].split()[0]) for _, _, what in budget.plan_rows(long, room)
+               if "buffer" in what) == budget.plan_sums(long, room)[2] == 78  # all of it, shared
     with pytest.raises(ValueError, match="do not fit"):
         lab_site.plan(budget.Plan("too short", 60, ("00_", "01_", "02_", "03_", (10, "break"))))
 

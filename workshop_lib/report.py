@@ -60,10 +60,17 @@ class Reporter:
         prepare_out_dir(cfg.out)
         self.print(f"data: {shown(splits.source)}: {len(splits.train)} train / {len(splits.dev)} dev / "
                    f"{len(splits.heldout)} heldout molecules")
-        batch = f"batch {cfg.batch_size}" if world_size == 1 else (  # ranks share a step only under DDP
-            f"batch {cfg.batch_size} per process x {world_size} processes (global batch {self.global_batch_size} "
-            f"under DDP)")
-        self.print(f"model: {count_parameters(model):,} parameters; {batch}")
+        self.print(f"model: {count_parameters(model):,} parameters; {self._batch_line(model)}")
+
+    def _batch_line(self, model: nn.Module) -> str:
+        """The batch as it is at this step: the ranks share a step (a global batch) only once DDP wraps the model."""
+        batch = f"batch {self.cfg.batch_size}"
+        if self.world_size == 1:
+            return batch
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return (f"{batch} per process x {self.world_size} processes (global batch {self.global_batch_size}: "
+                    f"DDP averages their gradients)")
+        return f"{batch} per process x {self.world_size} processes, each training its own copy of the model"
 
     # -- resume (checkpoint.py) ----------------------------------------------
     def state_dict(self) -> dict:

@@ -46,12 +46,17 @@ def is_number(predicted) -> bool:
     return isinstance(predicted, int | float) and not isinstance(predicted, bool)
 
 
-def judge_prediction(name: str, predicted, measured, right: bool, why: str = "", shown: str | None = None) -> None:
+def judge_prediction(name: str, predicted, measured, right: bool | None, why: str = "",
+                     shown: str | None = None) -> None:
     """After the run, every prediction of the lab: ✓ when ``right`` (the caller's tolerance, which fits the
-    measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug)."""
+    measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug).
+    ``right=None``: the measurement is too noisy to judge any prediction, said with ⚠ and neither mark."""
     said = "no prediction" if _empty(predicted) else f"you predicted {shown or repr(predicted)}"
-    (_passed if right and not _empty(predicted) else _missed)(
-        f"{name}: {said}, measured {measured}" + (f"; {why}" if why else ""))
+    line = f"{name}: {said}, measured {measured}" + (f"; {why}" if why else "")
+    if right is None:
+        print(f"\N{WARNING SIGN} {line}")
+    else:
+        (_passed if right and not _empty(predicted) else _missed)(line)
 
 
 def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str | None:

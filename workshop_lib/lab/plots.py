@@ -52,38 +52,63 @@ def training_curves(out: str | Path):
     return fig
 
 
-def shard_picture(grid, n: int, title: str | None = None):
-    """Which dataset indices each rank sees (``grid[epoch][rank]``), coloured by their order in the epoch.
+def shard_picture(grid, n: int, title: str | None = None, blocks: Sequence[str] | None = None):
+    """Which dataset indices each rank sees (``grid[block][rank]``, a block an epoch unless ``blocks`` names them),
+    coloured by their order in the block; a padded repeat outlined in red, an index no rank reads hatched.
 
-    Rows alike from epoch to epoch mean the shuffle did not change (a forgotten ``sampler.set_epoch(epoch)``).
+    Rows alike from epoch to epoch mean the shuffle did not change (a forgotten ``sampler.set_epoch(epoch)``). A
+    padded repeat is a read of an index already read in the block, in the sampler's order (position, then rank):
+    ``DistributedSampler`` appends its repeats at the end of its list, so these are the ones it added.
     """
     import numpy as np
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import MaxNLocator
 
-    grid = [[list(map(int, shard)) for shard in epoch] for epoch in grid]
+    grid = [[list(map(int, shard)) for shard in block] for block in grid]
     if not grid or not grid[0]:
         raise WorkshopError("shard_picture needs index lists as [epoch][rank] -> list of dataset indices")
+    if blocks is not None and len(blocks) != len(grid):
+        raise WorkshopError(f"{len(blocks)} block names for {len(grid)} blocks of rows: name each block once")
+    names = list(blocks) if blocks is not None else [f"epoch {e}" for e in range(len(grid))]
     n_ranks = len(grid[0])
-    order = np.full((len(grid) * n_ranks, n), np.nan)  # (epochs*ranks, n): position in the epoch, NaN = unseen
-    labels = []
+    order = np.full((len(grid) * n_ranks, n), np.nan)  # (blocks*ranks, n): position in the block, NaN = unseen
+    labels, repeats, dropped = [], [], []  # (row, index) read again; (block, index) read by no rank
     for e, shards in enumerate(grid):
-        assert len(shards) == n_ranks, f"epoch {e} has {len(shards)} ranks, epoch 0 has {n_ranks}"
+        assert len(shards) == n_ranks, f"block {e} has {len(shards)} ranks, block 0 has {n_ranks}"
         for r, shard in enumerate(shards):
             row = e * n_ranks + r
-            labels.append(f"epoch {e}, rank {r}")
+            labels.append(f"{names[e]}, rank {r}")
             for pos, idx in reversed(list(enumerate(shard))):  # reversed: a padded repeat keeps its first position
                 if not 0 <= idx < n:
-                    raise WorkshopError(f"index {idx} (epoch {e}, rank {r}) is outside 0..{n - 1}; "
+                    raise WorkshopError(f"index {idx} ({names[e]}, rank {r}) is outside 0..{n - 1}; "
                                         "pass the dataset size as n")
                 order[row, idx] = pos
+        seen: set[int] = set()
+        for pos, r in sorted((pos, r) for r, shard in enumerate(shards) for pos in range(len(shard))):
+            if shards[r][pos] in seen:
+                repeats.append((e * n_ranks + r, shards[r][pos]))
+            seen.add(shards[r][pos])
+        dropped += [(e, idx) for idx in range(n) if idx not in seen]
 
     fig, (ax,) = _new_figure(width=max(6.0, min(14.0, 0.25 * n + 2)), height=max(2.5, 0.35 * len(labels) + 1.2))
     image = ax.imshow(np.ma.masked_invalid(order), aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel(f"dataset index (0 .. {n - 1})")
     ax.set_title(title or "Which molecules each rank sees, per epoch")
-    for e in range(1, len(grid)):  # a line between epochs
+    for e in range(1, len(grid)):  # a line between blocks
         ax.axhline(e * n_ranks - 0.5, color="black", linewidth=1.5)
-    fig.colorbar(image, ax=ax, label="order within the epoch (0 = first)")
+    for row, idx in repeats:
+        ax.add_patch(Rectangle((idx - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=3, gid="repeat"))
+    for e, idx in dropped:
+        ax.add_patch(Rectangle((idx - 0.5, e * n_ranks - 0.5), 1, n_ranks, facecolor="none", edgecolor="grey",
+                               hatch="//", linewidth=0, gid="dropped"))
+    legend = ([Patch(fill=False, edgecolor="red", linewidth=3, label=f"padded repeat ({len(repeats)})")]
+              if repeats else []) + ([Patch(facecolor="none", edgecolor="grey", hatch="//",
+                                            label=f"read by no rank ({len(dropped)})")] if dropped else [])
+    if legend:
+        ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    fig.colorbar(image, ax=ax, ticks=MaxNLocator(integer=True),
+                 label=f"order within the {'block' if blocks else 'epoch'} (0 = first)")
     fig.tight_layout()
     return fig
 

@@ -1,7 +1,8 @@
-"""What each rank holds at steps 1, 2 and 3 (its data, gradients, weights), from a real 2-rank run (03).
+"""What each rank holds at steps 1, 2 and 3 (its data, gradients, weights), from a real 2-rank run (03, section 1).
 
 :func:`record` trains one epoch per step on 2 ranks as the step scripts do, with the notebook's ``make_loader``;
-:func:`figure` draws each step in a column, :func:`summary` says what it shows in a line per step.
+:func:`figure` draws, for a projector, each step's weights on rank 1 against rank 0 and the spread step by step;
+:func:`summary` says what the run shows in a line per step.
 """
 
 from __future__ import annotations
@@ -149,81 +150,41 @@ def _number(x: float) -> str:
     return "0" if x == 0 else f"{x:.1e}"
 
 
-def _grad_subtitle(h: Held) -> str:
-    """What ``p.grad`` holds when backward() returns, as the data say: each rank's own gradient, or the mean."""
-    import torch
-
-    if all(torch.equal(g, o) for g, o in zip(h.grads, h.own_grads, strict=True)):
-        return "p.grad when backward() returns: its own batch's"
-    mean = torch.stack(h.own_grads).mean(0)
-    if all(torch.allclose(g, mean, atol=1e-6) for g in h.grads):
-        return "p.grad when backward() returns: the ranks' mean"
-    return "p.grad when backward() returns"
-
-
-def _strip(h: Held, what: str):
-    """The output layer's weights, a row per rank: its gradient ("own_grads", "grads") or the epoch's change."""
-    import numpy as np
-
-    if what in ("own_grads", "grads"):
-        return np.stack([g[h.shown].numpy() for g in getattr(h, what)])
-    return np.stack([(w[-1] - h.start)[h.shown].numpy() for w in h.weights])
+def _panel_title(h: Held) -> str:
+    """What a kind's scatter says, in a few words: the weights apart, or equal."""
+    apart = h.spread[-1]
+    return f"{TITLES[h.kind]}:\n" + (f"apart by up to {apart:.2g}" if apart else "every weight equal")
 
 
 def figure(held: dict[int, Held]):
-    """Per kind (a column): the data, the first gradient, the weight changes per rank, the spread per step.
-
-    The row "p.grad when backward() returns" is drawn only where p.grad differs from the batch's own (DDP).
-    """
+    """For the projector, at most 4 panels in large type: per kind, each weight's change over the epoch on rank 1
+    against rank 0 (on the diagonal: equal); then the replica spread after each optimizer step, every kind a line."""
     import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.colors import ListedColormap
 
     kinds = list(held.values())
-    averaged = any(_grad_subtitle(h) != "p.grad when backward() returns: its own batch's" for h in kinds)
-    strips = ["own_grads", "grads", "weights"] if averaged else ["own_grads", "weights"]
-    n_rows = 2 + len(strips)
-    fig, axes = plt.subplots(n_rows, len(kinds), figsize=(5.4 * len(kinds) + 1.0, 1.7 * n_rows + 1.0), squeeze=False,
-                             gridspec_kw={"height_ratios": [1] * (n_rows - 1) + [1.6]}, layout="constrained")
-    plt.close(fig)  # shown once, as the cell's value
-
-    labels = {"own_grads": ("gradient of its first batch alone", "gradient"),
-              "grads": (None, "gradient"),
-              "weights": ("weights after the epoch, minus the start", "weight change")}
-    gaps = {"own_grads": lambda h: h.own_grad_spread, "grads": lambda h: h.grad_spread, "weights": lambda h: h.spread[-1]}
-    in_data = ListedColormap(["white", "tab:green"])
-    for col, h in enumerate(kinds):
-        taken = np.zeros((len(h.shards), h.n_train))
-        for r, shard in enumerate(h.shards):
-            taken[r, shard] = 1
-        ax = axes[0][col]
-        image = ax.imshow(taken, aspect="auto", cmap=in_data, vmin=0, vmax=1, interpolation="nearest")
-        data = "data: all of it, on every rank" if h.shared == h.n_train else "data: its shard of the epoch"
-        ax.set_title(f"{TITLES[h.kind]}\n{data}", fontsize="medium")
-        ax.set_xlabel(f"training molecule (0 .. {h.n_train - 1}); shared by all ranks: {h.shared}", fontsize="small")
-    bar = fig.colorbar(image, ax=axes[0].tolist(), ticks=[0.25, 0.75], fraction=0.04, pad=0.01)
-    bar.ax.set_yticklabels(["not read", "read"], fontsize="small")
-    for row, what in enumerate(strips, start=1):
-        scale = max(np.abs(_strip(h, what)).max() for h in kinds) or 1.0  # one scale per row: columns compare
-        for col, h in enumerate(kinds):
-            values = _strip(h, what)
-            ax = axes[row][col]
-            image = ax.imshow(values, aspect="auto", cmap="RdBu_r", vmin=-scale, vmax=scale, interpolation="nearest")
-            ax.set_title(labels[what][0] or _grad_subtitle(h), fontsize="medium")
-            ax.set_xlabel(f"the {values.shape[1]} weights of the output layer; ranks differ by up to "
-                          f"{_number(gaps[what](h))}", fontsize="small")
-        bar = fig.colorbar(image, ax=axes[row].tolist(), fraction=0.04, pad=0.01)
-        bar.set_label(labels[what][1], fontsize="small")
-        bar.ax.tick_params(labelsize="x-small")
-    for row in range(n_rows - 1):
-        for col, h in enumerate(kinds):
-            axes[row][col].set_yticks(range(len(h.shards)), [f"rank {r}" for r in range(len(h.shards))])
-            axes[row][col].set_xticks([])
-    top = max(max(h.spread) for h in kinds) or 1.0
-    for col, h in enumerate(kinds):
-        ax = axes[-1][col]
-        ax.plot(range(1, len(h.spread) + 1), h.spread, marker="o")
-        ax.set(title="replica spread after each optimizer step", xlabel="optimizer step (one epoch)",
-               ylabel="largest weight difference", ylim=(-0.05 * top, 1.1 * top))
+    with plt.rc_context({"font.size": 16, "axes.titlesize": 17}):
+        fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.6 * (len(kinds) + 1), 5.0), layout="constrained",
+                                 squeeze=False)
+        plt.close(fig)  # shown once, as the cell's value
+        axes = list(axes[0])
+        changes = {h.kind: [(w[-1] - h.start).numpy() for w in h.weights[:2]] for h in kinds}  # ranks 0 and 1: (P,)
+        edge = max(float(abs(c).max()) for pair in changes.values() for c in pair) * 1.05 or 1.0
+        colours = {1: "tab:gray", 2: "tab:red", 3: "tab:blue"}
+        for ax, h in zip(axes, kinds, strict=False):
+            x, y = changes[h.kind]
+            ax.plot([-edge, edge], [-edge, edge], color="black", linewidth=1, linestyle="--")
+            ax.scatter(x, y, s=4, alpha=0.4, color=colours[h.kind], rasterized=True)
+            ax.set(xlim=(-edge, edge), ylim=(-edge, edge), aspect="equal", title=_panel_title(h),
+                   xlabel="rank 0: a weight's change", ylabel="rank 1: the same weight's")
+            ax.set_xticks([-edge / 1.05, 0, edge / 1.05], [f"{-edge / 1.05:.2f}", "0", f"{edge / 1.05:.2f}"])
+            ax.set_yticks([-edge / 1.05, 0, edge / 1.05], [f"{-edge / 1.05:.2f}", "0", f"{edge / 1.05:.2f}"])
+        ax = axes[-1]
+        for h in kinds:
+            ax.plot(range(1, len(h.spread) + 1), h.spread, marker="o", linewidth=3, color=colours[h.kind],
+                    label=TITLES[h.kind].split(": ", 1)[0] + (" (DDP)" if h.kind == 3 else ""))
+        top = max(max(h.spread) for h in kinds) or 1.0
+        ax.set(title="how far apart the ranks are", xlabel="optimizer step", ylabel="largest weight difference",
+               ylim=(-0.05 * top, 1.15 * top))
+        ax.legend(frameon=False)
         ax.grid(alpha=0.3)
     return fig

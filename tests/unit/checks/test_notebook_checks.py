@@ -173,28 +173,69 @@ def _runs(**epochs):
             for name, values in epochs.items()}
 
 
+TIGHT = {ddp.SAME_GLOBAL: [1000.0, 1100.0, 1000.0], ddp.SAME_PER_RANK: [1250.0, 1250.0],
+         ddp.DDP_RUN: [1500.0, 1500.0, 1650.0]}  # speed-ups 1.36x to 1.65x: the band 1.14x to 1.98x
+
+
 @pytest.mark.parametrize(("predicted", "verdict"), [
-    (None, "\N{BALLOT X} the speed-up: no prediction, measured 1.50x; this run's epochs: 1.36x to 1.65x; the batch of "
-           "64 instead of 128 gives 1.25x (1x2, batch 64 over 1x2, batch 128), times data parallelism at the same batch "
-           "per rank 1.20x"),
+    (None, "\N{BALLOT X} the speed-up: no prediction, measured 1.50x; this run's epochs: 1.36x to 1.65x (\u00b110%), "
+           "right within 20% of that; the batch of 64 instead of 128 gives 1.25x (1x2, batch 64 over 1x2, batch 128), "
+           "times data parallelism at the same batch per rank 1.20x"),
     (1.6, "\N{CHECK MARK} the speed-up: you predicted 1.60x, measured 1.50x"),
-    (1.2, "\N{CHECK MARK} the speed-up: you predicted 1.20x, measured 1.50x"),  # outside the epochs, within the noise
+    (1.2, "\N{CHECK MARK} the speed-up: you predicted 1.20x, measured 1.50x"),  # below the epochs, within 20%
+    (1.95, "\N{CHECK MARK} the speed-up: you predicted 1.95x, measured 1.50x"),  # above the epochs, within 20%
     (2.0, "\N{BALLOT X} the speed-up: you predicted 2.00x, measured 1.50x"),
     (1.0, "\N{BALLOT X} the speed-up: you predicted 1.00x, measured 1.50x"),
 ])
-def test_speedup_prediction_is_judged_and_split_into_padding_and_data_parallelism(predicted, verdict, capsys):
-    runs = _runs(**{ddp.SAME_GLOBAL: [1000.0, 1100.0, 1000.0], ddp.SAME_PER_RANK: [1250.0, 1250.0],
-                    ddp.DDP_RUN: [1500.0, 1500.0, 1650.0]})
-    ddp.speedup_prediction(predicted, runs)  # a wrong guess is said, not raised
+def test_a_speedup_from_steady_epochs_is_judged_within_their_range(predicted, verdict, capsys):
+    ddp.speedup_prediction(predicted, _runs(**TIGHT))  # a wrong guess is said, not raised
     assert verdict in capsys.readouterr().out
 
 
-def test_the_worked_notebooks_own_speedup_is_right_within_the_noise(capsys):
-    """03's stored run: 1.30x predicted, 1.46x measured (epochs 1.31x to 1.65x): a worked notebook stores no cross."""
-    runs = _runs(**{ddp.SAME_GLOBAL: [4393.0, 4393.0, 4393.0], ddp.SAME_PER_RANK: [4170.0] * 3,
-                    ddp.DDP_RUN: [6421.0, 6421.0, 6421.0]})
-    ddp.speedup_prediction(1.3, runs)
-    assert capsys.readouterr().out.startswith("\N{CHECK MARK} the speed-up: you predicted 1.30x, measured 1.46x")
+@pytest.mark.parametrize("predicted", [1.0, 1.5, 2.0, None])
+def test_a_speedup_from_noisy_epochs_judges_no_prediction_and_says_why(predicted, capsys):
+    """Epochs from 1.0x to 2.4x around 1.5x: any guess from 1 to 2 would pass; the check says so instead."""
+    ddp.speedup_prediction(predicted, _runs(**{ddp.SAME_GLOBAL: [1000.0, 1500.0, 1000.0],
+                                               ddp.SAME_PER_RANK: [1250.0, 1250.0],
+                                               ddp.DDP_RUN: [1500.0, 1500.0, 2400.0]}))
+    out = capsys.readouterr().out
+    assert out.startswith("\N{WARNING SIGN} the speed-up: ")
+    assert "measured 1.50x; not judged: this machine's timings varied " \
+        "by \u00b160% across epochs (speed-ups 1.00x to 2.40x): too noisy to judge a prediction; close other programs " \
+        "and rerun this cell" in out
+    assert "\N{CHECK MARK}" not in out and "\N{BALLOT X}" not in out
+
+
+def test_two_processes_slower_than_one_are_blamed_on_the_machine_not_the_learner(capsys):
+    """A loaded laptop's 0.45x, steady across epochs: said why, not marked wrong."""
+    ddp.speedup_prediction(1.5, _runs(**{ddp.SAME_GLOBAL: [1000.0, 1000.0, 1000.0], ddp.SAME_PER_RANK: [900.0] * 3,
+                                         ddp.DDP_RUN: [450.0, 450.0, 460.0]}))
+    out = capsys.readouterr().out
+    assert out.startswith("\N{WARNING SIGN} the speed-up: you predicted 1.50x, measured 0.45x; not judged: ")
+    assert "2 processes ran slower than 1: they need both cores at once, for each step ends in an all-reduce that " \
+        "waits for the slower process, so a core taken by another program stalls both (the machine's load, not DDP)" in out
+    assert "not judged: this run's epochs: 0.45x to 0.46x (\u00b12%); 2 processes ran slower" in out
+    assert "too noisy" not in out and out.rstrip().endswith("close other programs and rerun this cell")
+
+
+def test_a_one_process_baseline_held_up_by_a_busy_machine_judges_nothing(capsys):
+    """This machine under load: 1 process of 2 threads at 26 molecules/s, 2 processes at 968, steadily: 37x."""
+    ddp.speedup_prediction(1.5, _runs(**{ddp.SAME_GLOBAL: [26.0, 26.0, 26.5], ddp.SAME_PER_RANK: [20.0] * 3,
+                                         ddp.DDP_RUN: [960.0, 968.0, 975.0]}))
+    out = capsys.readouterr().out
+    assert out.startswith("\N{WARNING SIGN} the speed-up: you predicted 1.50x, measured 37.23x; not judged: this "
+                          "run's epochs: 36.23x to 37.50x (\u00b13%); at the same batch per rank 2 processes ran 48.4x "
+                          "faster than 1, more than 2 processes can: the 1-process runs were held up")
+
+
+@pytest.mark.parametrize(("measured", "epochs_2x1"), [(1.46, [6421.0] * 3), (2.12, [3213.0, 4392.0, 4680.0])])
+def test_the_worked_notebooks_own_speedup_is_right_within_the_noise(measured, epochs_2x1, capsys):
+    """03's worked prediction, 1.5x, against a quiet machine's 1.46x and a loaded one's 2.12x (epochs 1.53x to 2.53x),
+    which stored a cross against 1.3x before the band came from the epochs."""
+    one = [4393.0] * 3 if measured == 1.46 else [1850.0, 2068.0, 2100.0]
+    ddp.speedup_prediction(1.5, _runs(**{ddp.SAME_GLOBAL: one, ddp.SAME_PER_RANK: [4170.0] * 3,
+                                         ddp.DDP_RUN: epochs_2x1}))
+    assert capsys.readouterr().out.startswith(f"\N{CHECK MARK} the speed-up: you predicted 1.50x, measured {measured}x")
 
 
 def test_token_rates_count_the_padding_of_each_runs_batches(capsys):

@@ -31,8 +31,29 @@ def test_the_header_comes_at_once_and_out_is_created(tmp_path, splits, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("data: ") and out[0].endswith(f"{len(splits.train)} train / {len(splits.dev)} dev / "
                                                            f"{len(splits.heldout)} heldout molecules")
-    assert out[1].endswith("batch 64 per process x 2 processes (global batch 128 under DDP)")
+    assert out[1].endswith("batch 64 per process x 2 processes, each training its own copy of the model")  # step 2
     assert (tmp_path / "out").is_dir() and list((tmp_path / "out").iterdir()) == []  # the write test left nothing
+
+
+@pytest.mark.timeout(30)
+def test_the_header_names_a_global_batch_only_once_ddp_wraps_the_model(tmp_path, splits, capsys):
+    """Steps 1 and 2 print each process's batch; the global batch appears with DDP (step 3), and one process's alone."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    config = TrainConfig(limit=200, epochs=2, out=tmp_path / "out", tensorboard=False)
+    model = SmilesLSTM(len(splits.tokenizer), 8, 8)
+    Reporter(config, "step0_baseline", splits, model)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
+    try:
+        Reporter(config, "step3_ddp", splits, DDP(model), world_size=2)  # the line reads the wrapper, not the group
+    finally:
+        dist.destroy_process_group()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model: ")]
+    assert [line.split("; ", 1)[1] for line in lines] == [
+        "batch 64", "batch 64 per process x 2 processes (global batch 128: DDP averages their gradients)"]
 
 
 def test_epochs_and_finish_write_metrics_json(tmp_path, splits, capsys):

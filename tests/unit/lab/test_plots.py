@@ -122,6 +122,35 @@ def test_shard_picture_rejects_an_index_outside_the_dataset():
         plots.shard_picture([[[0, 4]]], 4)
 
 
+def _marks(fig, gid: str) -> list[tuple[float, float, float]]:
+    """(x, y, height) of the patches that shard_picture drew with ``gid``: cells outlined or hatched."""
+    return sorted((p.get_x(), p.get_y(), p.get_height()) for p in fig.axes[0].patches if p.get_gid() == gid)
+
+
+def test_shard_picture_marks_the_padded_repeats_and_the_indices_no_rank_reads():
+    """10 molecules on 4 ranks: padding reads 2 of them twice; drop_last=True reads 8 and drops 2."""
+    padded = [list(DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=True, seed=0)) for r in range(4)]
+    dropped = [list(DistributedSampler(range(10), num_replicas=4, rank=r, shuffle=True, seed=0, drop_last=True))
+               for r in range(4)]
+    fig = plots.shard_picture([padded, dropped], 10, blocks=["drop_last=False", "drop_last=True"])
+    order = list(range(10))  # the sampler's list, padded with its own first 2: rank r reads positions r, r + 4, ...
+    flat = [padded[pos % 4][pos // 4] for pos in range(12)]
+    assert sorted(flat[:10]) == order and flat[10:] == flat[:2]  # so the repeats are the last 2 reads
+    assert _marks(fig, "repeat") == sorted((flat[pos] - 0.5, pos % 4 - 0.5, 1) for pos in (10, 11))
+    lost = sorted(set(order) - {i for shard in dropped for i in shard})
+    assert len(lost) == 2 and _marks(fig, "dropped") == [(i - 0.5, 4 - 0.5, 4) for i in lost]  # the second block
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["padded repeat (2)", "read by no rank (2)"]
+    assert [t.get_text() for t in ax.get_yticklabels()][3:5] == ["drop_last=False, rank 3", "drop_last=True, rank 0"]
+    with pytest.raises(WorkshopError, match="name each block once"):
+        plots.shard_picture([padded], 10, blocks=["a", "b"])
+
+
+def test_shard_picture_marks_nothing_where_the_ranks_divide_the_data():
+    fig = plots.shard_picture(_sampler_orders(12, 2, 2, set_epoch=True), 12)
+    assert not _marks(fig, "repeat") and not _marks(fig, "dropped") and fig.axes[0].get_legend() is None
+
+
 def test_speedup_bars_draws_each_epoch_and_the_median_ratio():
     runs = {name: {"history": [{"samples_per_second": 1.0}, *({"samples_per_second": v} for v in values)]}
             for name, values in (("1x1", [100.0, 110.0, 90.0]), ("1x2", [150.0, 150.0, 160.0]),

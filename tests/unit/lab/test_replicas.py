@@ -42,32 +42,18 @@ def test_summary_says_what_the_ranks_share_and_how_far_they_differ():
         "(their own batches' by 2.5e-01); after 3 steps their weights by 0"]
 
 
-def _titles(fig) -> list[str]:
-    return [ax.get_title() for ax in fig.axes if ax.get_title()]
-
-
-def test_figure_without_ddp_draws_no_duplicate_row_and_a_colour_bar_per_colour_scale():
-    fig = replicas.figure({1: held(1, 0, 0), 2: held(2, 0.5, 0.25)})
-    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
-    assert len(panels) == 8 and len(bars) == 3  # data, gradient, weights: p.grad would repeat the gradient row
-    assert not any("p.grad" in t for t in _titles(fig))
-    assert _titles(fig)[0] == "step 1: every rank all the data\ndata: all of it, on every rank"
-    assert _titles(fig)[1] == "step 2: a shard each, no DDP\ndata: its shard of the epoch"
-    assert "ranks differ by up to 1.5e-01" in panels[5].get_xlabel()  # step 2's weights row
-    assert [t.get_text() for t in bars[0].get_yticklabels()] == ["not read", "read"]
-    assert [b.get_ylabel() for b in bars[1:]] == ["gradient", "weight change"]
-
-
-def test_figure_with_ddp_shows_what_p_grad_holds_as_the_data_say():
-    own = torch.zeros(6), torch.zeros(6) + 0.25
-    ddp = replicas.Held(3, 8, [[0, 2, 4, 6], [1, 3, 5, 7]], own_grads=list(own), grads=[own[1] / 2, own[1] / 2],
-                        weights=[[torch.zeros(6)] * 3] * 2, start=torch.zeros(6), shown=slice(0, 4))
-    fig = replicas.figure({2: held(2, 0.5, 0.25), 3: ddp})
-    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
-    assert len(panels) == 10 and sum(ax.get_label() == "<colorbar>" for ax in fig.axes) == 4
-    assert "p.grad when backward() returns: its own batch's" in _titles(fig)  # step 2: no averaging
-    assert "p.grad when backward() returns: the ranks' mean" in _titles(fig)  # step 3: DDP's mean
+def test_figure_draws_each_kinds_weights_rank_against_rank_and_the_spread_in_at_most_4_panels():
+    fig = replicas.figure({2: held(2, 0.5, 0.25), 3: held(3, 0.0, 0.0, own1=0.25)})
+    two, three, spread = fig.axes
+    assert two.get_title() == "step 2: a shard each, no DDP:\napart by up to 0.15"
+    assert three.get_title() == "step 3: a shard each, DDP:\nevery weight equal"
+    (x2, y2), (x3, y3) = (ax.collections[0].get_offsets().T for ax in (two, three))
+    assert list(x2) == pytest.approx([0.3] * 6) and list(y2) == pytest.approx([0.45] * 6)  # the epoch's change, per rank
+    assert list(x3) == list(y3)  # on the diagonal: equal
+    assert [list(line.get_ydata()) for line in spread.get_lines()] == [pytest.approx([0.05, 0.1, 0.15]), [0.0] * 3]
+    assert [t.get_text() for t in spread.get_legend().get_texts()] == ["step 2", "step 3 (DDP)"]
+    assert min(t.get_fontsize() for t in two.get_xticklabels()) >= 14  # read from the back of a room
+    assert len(replicas.figure({k: held(k, 0.5 * (k == 2), 0.0) for k in (1, 2, 3)}).axes) == 4
 
 
 def test_record_refuses_steps_2_and_3_without_the_learners_make_loader():
@@ -94,4 +80,4 @@ def test_a_real_two_rank_run_drifts_without_ddp_and_stays_equal_with_it():
     assert torch.allclose(three.grads[0], mean, atol=1e-6)  # what backward() leaves is the mean of the own batches
     assert torch.equal(three.own_grads[0], two.own_grads[0])  # the same seed, data and first batch in steps 2 and 3
     assert all(torch.equal(g, o) for g, o in zip(two.grads, two.own_grads, strict=True))  # no DDP: p.grad is its own
-    assert len(replicas.figure({1: one, 2: two}).axes) == 8 + 3  # so 02's figure has no p.grad row
+    assert len(replicas.figure({2: two, 3: three}).axes) == 3  # 03's figure: two scatters and the spread

@@ -416,6 +416,11 @@ def test_the_small_bucket_cap_sentence_counts_the_parameters_it_exceeds():
 
 def test_the_quick_reference_quotes_the_model_line_as_the_reporter_prints_it(tmp_path, capsys):
     """docs/quickref.md's sample of step 3's output: its header line is the Reporter's, for 2 processes."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
     from workshop_lib.config import TrainConfig
     from workshop_lib.data import load_splits
     from workshop_lib.model import SmilesLSTM
@@ -424,7 +429,11 @@ def test_the_quick_reference_quotes_the_model_line_as_the_reporter_prints_it(tmp
     cfg = TrainConfig(limit=200, out=tmp_path, tensorboard=False)
     splits = load_splits(cfg)
     model = SmilesLSTM(len(splits.tokenizer), cfg.embed_dim, cfg.hidden, cfg.layers, cfg.dropout)
-    Reporter(cfg, "step3_ddp", splits, model, 2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
+    try:
+        Reporter(cfg, "step3_ddp", splits, DDP(model), 2)  # step 3's Reporter takes the wrapper
+    finally:
+        dist.destroy_process_group()
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model: ")]
     sample = [line for line in (REPO / "docs" / "quickref.md").read_text().splitlines() if line.startswith("model: ")]
     assert len(printed) == 1 and sample == printed, f"docs/quickref.md shows {sample}; step 3 prints {printed}"

@@ -34,8 +34,18 @@ def _empty(predicted) -> bool:
     return predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
 
 
-def predict_first(predicted, name: str) -> None:
-    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer)."""
+def predict_first(predicted, name: str | None = None) -> None:
+    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer).
+
+    ``predict_first("predicted_x")``, the name alone: the prediction is read from the calling cell's namespace, so a
+    check cell run before its prediction cell says so, where the value itself would raise a bare NameError."""
+    if name is None:
+        import sys
+
+        name, namespace = predicted, sys._getframe(1).f_globals
+        if name not in namespace:
+            raise CheckFailed(f"`{name}` is not set yet: run the prediction cell above first, then this cell")
+        predicted = namespace[name]
     if _empty(predicted):
         raise CheckFailed(f"predict first: set `{name}` in the cell above and run it, then run this cell: "
                           f"the run shows the answer")

@@ -162,7 +162,8 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     finally:
         bar.close()
     if proc.returncode != 0:
-        raise LaunchError(_failure(f"exited with code {proc.returncode} (torchrun logs: {log_dir})", output), output)
+        raise LaunchError(_failure(f"exited with code {proc.returncode} (torchrun logs: {log_dir})", output,
+                                   rank_ends(Path(log_dir), output)), output)
     shutil.rmtree(log_dir, ignore_errors=True)
     result = RunResult()
     written = out_dir / "metrics.json" if out_dir is not None else None
@@ -267,13 +268,63 @@ def _interrupted(out_dir: Path | None) -> str:
     return "interrupted: every rank stopped"
 
 
-def _failure(what: str, output: Sequence[str]) -> str:
-    """The ranks' last lines (where the real error is); torchrun's own only if the ranks said nothing."""
+def _failure(what: str, output: Sequence[str], ends: Sequence[str] = ()) -> str:
+    """How each rank ended (:func:`rank_ends`), then the ranks' last lines; torchrun's own only if the ranks said
+    nothing."""
     ranks = [line for line in output if line.startswith("[rank ")]
     tail = ranks[-TAIL_LINES:] or output[-TAIL_LINES:]
+    ended = "".join(f"\n{line}" for line in ends)
     if not tail:
-        return f"torchrun {what}; no rank printed anything"
-    return f"torchrun {what}. Last lines:\n" + "\n".join(tail)
+        return f"torchrun {what}{ended}; no rank printed anything"
+    return f"torchrun {what}{ended}\nLast lines:\n" + "\n".join(tail)
+
+
+# torchrun's summary of the failed workers (torch.distributed.elastic.multiprocessing.errors' template):
+# "  rank      : 1 (local_rank: 1)", then "  exitcode  : -6 (pid: 123) (SIGABRT)".
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)")
+_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: \d+\)\s*(?:\((\w+)\))?")
+_FAULTHANDLER = re.compile(r"^Fatal Python error: ", re.MULTILINE)  # where faulthandler's dump of the stacks starts
+
+
+def rank_ends(log_dir: Path, output: Sequence[str], last: int = 3) -> list[str]:
+    """A line per rank of the last attempt that raised or died, the first to fail first (one node: local = global).
+
+    From torchrun's ``--log-dir``: a rank's ``error.json`` (its Python error, written by ``@record``), else the
+    ``last`` lines of its stderr before faulthandler's dump (an abort in C++: gloo's "collective mismatch"); ordered by
+    when its stderr was last written; the exit code and signal from torchrun's summary. A rank torchrun stopped
+    (SIGTERM, no error of its own) is left out: it is the failure's consequence."""
+    exits, rank = {}, None
+    for line in output:
+        text = line.removeprefix("[torchrun] ")
+        if m := _SUMMARY_RANK.match(text):
+            rank = int(m[1])
+        elif rank is not None and (m := _SUMMARY_EXIT.match(text)):
+            exits[rank], rank = (int(m[1]), m[2]), None
+    attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    ends = []
+    for folder in attempts[-1].iterdir() if attempts else ():
+        if not folder.name.isdigit():
+            continue
+        rank, error, stderr = int(folder.name), folder / "error.json", folder / "stderr.log"
+        code, signal_name = exits.get(rank, (None, None))
+        exit_said = f"exit code {code}" + (f", {signal_name}" if signal_name else "") if code is not None else ""
+        if error.is_file():
+            import json
+
+            message = json.loads(error.read_text()).get("message", {})
+            said = message.get("message", "?") if isinstance(message, dict) else str(message)
+            line = f"rank {rank} raised {said.splitlines()[0][:400] if said else '?'}"
+        elif code is not None and signal_name != "SIGTERM":
+            text = _FAULTHANDLER.split(stderr.read_text(errors="replace"), 1)[0] if stderr.is_file() else ""
+            tail = [t.strip() for t in text.splitlines() if t.strip()][-last:]
+            line = (f"rank {rank} ended without a Python error ({exit_said})"
+                    + (f"; its last lines: {' | '.join(tail)}" if tail else "; it printed nothing"))
+            exit_said = ""
+        else:
+            continue
+        when = stderr.stat().st_mtime if stderr.is_file() else float("inf")
+        ends.append((when, rank, line + (f" ({exit_said})" if exit_said else "")))
+    return [line for _, _, line in sorted(ends)]
 
 
 def free_port() -> int:

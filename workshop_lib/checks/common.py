@@ -56,6 +56,12 @@ def is_number(predicted) -> bool:
     return isinstance(predicted, int | float) and not isinstance(predicted, bool)
 
 
+def as_share(predicted):
+    """A prediction of a share (at most 1), written as a share or as a percent (50 or 1.35 for 50% or 1.35%): the share;
+    anything else as given. A number above 1 cannot be a share, so it is read as the percent the learner meant."""
+    return predicted / 100 if is_number(predicted) and 1 < predicted <= 100 else predicted
+
+
 def judge_prediction(name: str, predicted, measured, right: bool, why: str = "", shown: str | None = None) -> None:
     """After the run, every prediction of the lab: ✓ when ``right`` (the caller's tolerance, which fits the
     measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug)."""

@@ -136,13 +136,12 @@ def test_each_accumulation_mistake_is_named(loop, named):
 
 def make_autocast_loss(device_type=None, dtype=torch.bfloat16, enabled=True, autocast=True):
     """The learner's autocast_loss, right by default; each argument one way to get it wrong."""
-    from workshop_lib import precision
 
     def autocast_loss(model, b):
         device = next(model.parameters()).device
         kind = device_type or device.type
         cast = torch.autocast(device_type=kind, dtype=dtype, enabled=enabled) if autocast else contextlib.nullcontext()
-        with precision.lstm_fallback(device), cast:  # the fallback is given in the notebook
+        with cast:
             logits = model(b.tokens, b.lengths)
             return F.binary_cross_entropy_with_logits(logits, b.labels)
     return autocast_loss
@@ -167,7 +166,7 @@ def test_autocast_on_this_machines_device_in_bfloat16_passes(capsys):
     patterns.autocast(make_autocast_loss(), batches_of(0)[0], vocab())
     said = capsys.readouterr().out
     assert said.startswith("\N{CHECK MARK} autocast_loss: under torch.autocast the forward ran in 16 bits, the loss in "
-                           "float32: on cpu, logits torch.bfloat16, loss torch.float32 (the LSTM in "), said
+                           "float32: on cpu, logits torch.bfloat16, loss torch.float32"), said
 
 
 @pytest.mark.timeout(60)

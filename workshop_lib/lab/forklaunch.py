@@ -11,7 +11,6 @@ import gc
 import json
 import os
 import pickle
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from workshop_lib.errors import WorkshopError, first_line
 from workshop_lib.lab import spawning
-from workshop_lib.lab.launch import LaunchError
+from workshop_lib.lab.launch import LaunchError, exit_said, last_lines
 from workshop_lib.lab.ranks import Ranks, lab_env
 
 
@@ -111,16 +110,12 @@ def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
                                                                  "time": time.time()}))
 
 
-LAST_LINES = 3  # of a rank that died without a Python error: its C++ message (gloo's enforce, an abort) is there
-_FAULTHANDLER = re.compile(r"^Fatal Python error: ", re.MULTILINE)  # where a dump of faulthandler's starts
-
-
 def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, str, str]]:
     """Every rank that raised or died, the first to fail first: (when, its line, torch's whole message).
 
     A rank that raised recorded its line and the time (:func:`_record_failure`); one that died without a Python error
     (killed, aborted in C++, ``os._exit``) is named by its exit code and its log's last lines, at the time its log
-    was last written. A peer's "Connection closed by peer" so comes after the death that caused it."""
+    was last written. A peer's "Connection reset by peer" so comes after the death that caused it."""
     ended = {}
     for path in log_dir.glob("rank*.error"):
         record = json.loads(path.read_text())
@@ -130,26 +125,10 @@ def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, st
             continue
         log = log_dir / f"rank{rank}.log"
         text = log.read_text(errors="replace") if log.is_file() else ""
-        text = _FAULTHANDLER.split(text, 1)[0]  # the lines before faulthandler's dump of the Python stacks, if any
-        last = [line.strip() for line in text.splitlines() if line.strip()][-LAST_LINES:]
-        said = f"; its last lines: {' | '.join(last)}" if last else "; it printed nothing"
+        said = last_lines(text)
         ended[rank] = (log.stat().st_mtime if log.is_file() else time.time(),
-                       f"rank {rank} {_exit_said(code)} without a Python error{said}", "\n".join(last))
+                       f"rank {rank} {exit_said(code)} without a Python error{said}", said.split(": ", 1)[-1])
     return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
-
-
-def _exit_said(code: int | None) -> str:
-    """'died of SIGABRT (exit code -6)', 'exited with code 3', or 'ended' (no exit code)."""
-    import signal
-
-    if code is None:
-        return "ended"
-    if code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name} (exit code {code})"
-        except ValueError:
-            return f"died of signal {-code} (exit code {code})"
-    return f"exited with code {code}"
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",

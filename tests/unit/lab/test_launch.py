@@ -562,7 +562,7 @@ def test_torchrun_failure_names_every_rank_that_ended_the_one_aborted_in_cpp_fir
     lines = str(err.value).splitlines()
     assert lines[0].startswith("torchrun exited with code 1 (torchrun logs: ")
     died, echo = lines[1:3]
-    assert died.startswith("rank 1 ended without a Python error (exit code -6, SIGABRT); its last lines: "), died
+    assert died.startswith("rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: "), died
     assert "gloo::EnforceNotMet" in died and "Is there a distributed collective mismatch" in died, died
     assert echo.startswith("rank 0 raised RuntimeError: ") and "peer" in echo, echo
     assert lines[3] == "Last lines:"

@@ -211,46 +211,42 @@ def _autocast_mistake(made: list[dict], device: torch.device, error: Exception |
 
 
 def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
-    """``autocast_loss(model, batch)`` on this machine (the CPU, and a GPU if there is one), inside
-    :func:`~workshop_lib.precision.lstm_fallback`: a forward in 16 bits under ``torch.autocast`` and a float32 loss, or
-    the autocast argument the device cannot run, with the learner's line."""
+    """``autocast_loss(model, batch)`` on this machine's CPU, inside :func:`~workshop_lib.precision.lstm_fallback`: a
+    forward in 16 bits under ``torch.autocast`` and a float32 loss, or the autocast argument a CPU cannot run, with the
+    learner's line. On the CPU only: CUDA initialised in the kernel would stop the notebook's later forked ranks."""
     import warnings
     from unittest import mock
 
     from workshop_lib import precision
     from workshop_lib.model import SmilesLSTM
 
-    devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if torch.cuda.is_available() else [])
-    passed = []
-    for device in devices:
-        torch.manual_seed(0)
-        model = SmilesLSTM(vocab, dropout=0.0).to(device)
-        logits = []
-        model.head.register_forward_hook(lambda module, inputs, output, seen=logits: seen.append(output.dtype))
-        b = type(batch)(batch.tokens.to(device), batch.lengths, batch.labels.to(device))  # lengths stay on the CPU
-        watch, error, loss = _Autocasts(), None, None
-        with warnings.catch_warnings(), mock.patch.object(torch.autocast, "__init__", watch.init(torch.autocast.__init__)):
-            warnings.simplefilter("ignore")  # torch's warning where autocast disables itself: the verdict says it
-            try:
-                with precision.lstm_fallback(device):  # this CPU's limit, not the lesson's: as 04a's cell runs it
-                    loss = autocast_loss(model, b)
-            except NotImplementedError:
-                raise CheckFailed(still_todo("autocast_loss")) from None
-            except Exception as err:  # judged below, with the autocast that caused it
-                error = err
-        wrong = _autocast_mistake(watch.made, device, error)
-        if wrong:
-            raise CheckFailed(wrong)
-        if error is not None:
-            raise CheckFailed(f"autocast_loss raised {raised(error)}")
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise CheckFailed(f"autocast_loss returned {type(loss).__name__}: return the loss, one number (a 0-dim "
-                              f"tensor)")
-        if not logits or logits[0] not in SIXTEEN_BITS:
-            raise CheckFailed(f"the model's output came back {logits[0] if logits else 'never'}: run the forward, "
-                              f"model(b.tokens, b.lengths), inside the with torch.autocast(...) block")
-        if loss.dtype != torch.float32:
-            raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
-                              f"where autocast keeps losses in float32")
-        passed.append(f"on {device.type}, logits {logits[0]}, loss {loss.dtype}")
-    _passed(f"autocast_loss: under torch.autocast the forward ran in 16 bits, the loss in float32: {'; '.join(passed)}")
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    model = SmilesLSTM(vocab, dropout=0.0)
+    logits = []
+    model.head.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
+    watch, error, loss = _Autocasts(), None, None
+    with warnings.catch_warnings(), mock.patch.object(torch.autocast, "__init__", watch.init(torch.autocast.__init__)):
+        warnings.simplefilter("ignore")  # torch's warning where autocast disables itself: the verdict says it
+        try:
+            with precision.lstm_fallback(device):  # this CPU's limit, not the lesson's: as 04a's cell runs it
+                loss = autocast_loss(model, batch)
+        except NotImplementedError:
+            raise CheckFailed(still_todo("autocast_loss")) from None
+        except Exception as err:  # judged below, with the autocast that caused it
+            error = err
+    wrong = _autocast_mistake(watch.made, device, error)
+    if wrong:
+        raise CheckFailed(wrong)
+    if error is not None:
+        raise CheckFailed(f"autocast_loss raised {raised(error)}")
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise CheckFailed(f"autocast_loss returned {type(loss).__name__}: return the loss, one number (a 0-dim tensor)")
+    if not logits or logits[0] not in SIXTEEN_BITS:
+        raise CheckFailed(f"the model's output came back {logits[0] if logits else 'never'}: run the forward, "
+                          f"model(b.tokens, b.lengths), inside the with torch.autocast(...) block")
+    if loss.dtype != torch.float32:
+        raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
+                          f"where autocast keeps losses in float32")
+    _passed(f"autocast_loss: under torch.autocast the forward ran in 16 bits, the loss in float32: on cpu, logits "
+            f"{logits[0]}, loss {loss.dtype}")

@@ -189,3 +189,21 @@ def test_each_autocast_mistake_is_named_with_its_line(fn, named):
         patterns.autocast(fn, batches_of(0)[0], vocab())
     assert str(err.value).startswith(named), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_check_cell_run_before_its_prediction_cell_says_so_not_a_name_error():
+    """04a's check cell, as written in the notebook, in a kernel where the prediction cell has not run."""
+    import nbformat
+
+    from tests.conftest import REPO
+    from workshop_lib import check
+
+    cell = next(c.source for c in nbformat.read(REPO / "notebooks" / "04a_patterns.ipynb", as_version=4).cells
+                if c.get("id") == "nb04a-accum-run")
+    gate = next(line for line in cell.splitlines() if "predict_first" in line)
+    with pytest.raises(CheckFailed) as err:
+        exec(gate, {"check": check})  # the notebook's own line
+    assert str(err.value) == "`predicted_allreduces` is not set yet: run the prediction cell above first, then this cell"
+    with pytest.raises(CheckFailed, match="predict first: set `predicted_allreduces` in the cell above"):
+        exec(gate, {"check": check, "predicted_allreduces": None})
+    exec(gate, {"check": check, "predicted_allreduces": 1})  # a prediction: the run goes on

@@ -147,3 +147,19 @@ def test_running_a_cell_of_a_written_script_again_rewrites_it_for_the_terminal(c
     scripts._record(_Ran("c4", "print(f(1))"))  # a cell that is not the script's: nothing
     scripts._record(_Ran("c3", "def f(x):\n    return 7 * x", success=False))  # a cell that failed: not written
     assert "return 5 * x" in path.read_text() and capsys.readouterr().out == ""
+
+
+def test_the_notebooks_script_check_names_the_cell_and_its_line(tmp_path, monkeypatch):
+    """check.script in a notebook: the checker's verdict on a line of the written script, pointed at the cell."""
+    from workshop_lib.checks import script
+    from workshop_lib.checks.common import CheckFailed
+
+    monkeypatch.setattr(scripts, "_ran", {})
+    monkeypatch.setattr(scripts, "_written", {})
+    path = scripts.write_script(REPO / "notebooks" / "04a_patterns.ipynb", to=tmp_path / "step4_snapshots.py")
+    at = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if "torch.save(snapshot, tmp)" in line)
+    said = f"step4_snapshots.py: rank 0 wrote snapshot.pt with torch.save straight into place (line {at}): a kill"
+    monkeypatch.setattr(script, "check_scripts", lambda paths, steps: [("wrong", said)])  # the checker's verdict
+    with pytest.raises(CheckFailed) as err:
+        script.check(path)
+    assert str(err.value) == said.replace(f"(line {at})", "(cell `def save_snapshot` line 7)")

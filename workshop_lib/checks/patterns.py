@@ -248,5 +248,7 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     if loss.dtype != torch.float32:
         raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
                           f"where autocast keeps losses in float32")
-    _passed(f"autocast_loss: under torch.autocast the forward ran in 16 bits, the loss in float32: on cpu, logits "
-            f"{logits[0]}, loss {loss.dtype}")
+    made = watch.made[-1]
+    _passed(f"autocast_loss: under torch.autocast(device_type={made['device_type']!r}, dtype="
+            f"{made['dtype'] or torch.get_autocast_dtype(made['device_type'])}) the logits came back {logits[0]} and "
+            f"the loss {loss.dtype}")

@@ -165,8 +165,8 @@ AUTOCAST_LINE = _line_of(make_autocast_loss, "cast = torch.autocast(")
 def test_autocast_on_this_machines_device_in_bfloat16_passes(capsys):
     patterns.autocast(make_autocast_loss(), batches_of(0)[0], vocab())
     said = capsys.readouterr().out
-    assert said.startswith("\N{CHECK MARK} autocast_loss: under torch.autocast the forward ran in 16 bits, the loss in "
-                           "float32: on cpu, logits torch.bfloat16, loss torch.float32"), said
+    assert said == ("\N{CHECK MARK} autocast_loss: under torch.autocast(device_type='cpu', dtype=torch.bfloat16) the "
+                    "logits came back torch.bfloat16 and the loss torch.float32\n"), said
 
 
 @pytest.mark.timeout(60)

@@ -19,6 +19,7 @@ import webbrowser
 from pathlib import Path
 
 from tools import ROOT
+from workshop_lib.errors import WorkshopError
 
 DOCS = ROOT / "docs"
 EXT = DOCS / "_ext"  # the site's Sphinx extension; docs/conf.py puts it on sys.path the same way
@@ -34,6 +35,15 @@ STAMP = ".lab-pages"  # in the output folder: the generated pages and files of t
 # removes them. The copies of the files the pages offer, the pages' sources, the parsed pages, the episodes, the
 # search index.
 GENERATED = ("_downloads", "_sources", ".doctrees", "episodes", "searchindex.js", STAMP)
+# What the build imports from pyproject's "docs" extra, by import name; a learner's "lab" install has none of them.
+DOCS_EXTRA = ("sphinx", "myst_nb", "sphinx_lesson", "sphinx_rtd_theme", "yaml")
+
+
+def missing_docs_extra() -> list[str]:
+    """The packages of the docs extra that this Python cannot import (none where it was installed)."""
+    import importlib.util
+
+    return [name for name in DOCS_EXTRA if importlib.util.find_spec(name) is None]
 
 
 def generated_pages() -> list[str]:
@@ -85,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedule:
         print(lab_site.readme_rows())
         return 0
+    missing = missing_docs_extra()
+    if missing:  # a learner who installed [lab]: one line, not sphinx's ModuleNotFoundError
+        raise WorkshopError(f"the site needs the docs extra ({', '.join(missing)} not installed): "
+                            f'pip install -e ".[docs]", then run this again')
     seconds = build(args.out, args.fresh)
     home = args.out / "index.html"
     print(f"site built in {seconds:.0f} s: {home}")

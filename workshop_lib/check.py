@@ -28,6 +28,7 @@ CHECKS = {
     # 04a
     "accumulation": ("patterns", "accumulation"),
     "allreduce_count": ("patterns", "allreduce_count"),
+    "autocast": ("patterns", "autocast"),
     "recording_allreduces": ("patterns", "recording_allreduces"),
     "two_node_command": ("nodes", "two_node_command"),
     # 04b

@@ -18,6 +18,7 @@ import os
 import random
 import zipfile
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -112,22 +113,37 @@ def run_record(best, report) -> dict:
 def refuse_another_run(snapshot, path: Path, cfg: TrainConfig, world_size: int) -> None:
     """Stop with one line if ``snapshot`` (as loaded) is no workshop snapshot, or another run's: its settings, data,
     world size, or more epochs trained than this run's ``--epochs``."""
-    missing = sorted(_KEYS - snapshot.keys()) if isinstance(snapshot, dict) else ["all"]
-    if missing or snapshot["format"] != FORMAT:
-        lacks = f"; it lacks {', '.join(map(repr, missing))}" if missing else ""
-        raise InputError(f"snapshot {path} is not a workshop snapshot (format {FORMAT}{lacks}); "
-                         f"start afresh with --fresh, or choose another --out")
+    fresh = "start afresh with --fresh, or choose another --out"
+    if not isinstance(snapshot, dict):
+        _refuse(f"snapshot {path} holds a {type(snapshot).__name__}, where a workshop snapshot is a dict; {fresh}")
+    missing = sorted(_KEYS - snapshot.keys())
+    if missing and not set(LESSON) - snapshot.keys():  # the lesson's keys, without the workshop's record
+        _refuse(f"snapshot {path} has {', '.join(map(repr, LESSON))} but not the workshop's record "
+                f"({', '.join(map(repr, missing))}): the script that wrote it left out "
+                f"snapshot.update(checkpoint.run_record(best, report)) before saving; keep that given line, then {fresh}")
+    if missing:
+        _refuse(f"snapshot {path} is not a workshop snapshot: it has the keys {', '.join(map(repr, sorted(snapshot)))} "
+                f"and lacks {', '.join(map(repr, missing))}; {fresh}")
+    if snapshot["format"] != FORMAT:
+        _refuse(f"snapshot {path} is of format {snapshot['format']!r}, and this workshop reads format {FORMAT}; {fresh}")
     if snapshot["world_size"] != world_size:
-        raise InputError(f"snapshot {path} was written by {snapshot['world_size']} processes, this run has "
-                         f"{world_size}; relaunch with {snapshot['world_size']} processes in all to resume it, "
-                         f"or {_WAYS_OUT}")
+        _refuse(f"snapshot {path} was written by {snapshot['world_size']} processes, this run has "
+                f"{world_size}; relaunch with {snapshot['world_size']} processes in all to resume it, or {_WAYS_OUT}")
     diff = _differences(snapshot["fingerprint"], fingerprint(cfg))
     if diff:
-        raise InputError(f"snapshot {path} belongs to another run ({'; '.join(diff)}); rerun with its "
-                         f"settings to resume it, or {_WAYS_OUT}")
+        _refuse(f"snapshot {path} belongs to another run ({'; '.join(diff)}); rerun with its settings to resume it, "
+                f"or {_WAYS_OUT}")
     if snapshot["epoch"] + 1 > cfg.epochs:
-        raise InputError(f"snapshot {path} has {snapshot['epoch'] + 1} epochs trained, more than --epochs "
-                         f"{cfg.epochs}; pass --epochs {snapshot['epoch'] + 1} or more to use it, or {_WAYS_OUT}")
+        _refuse(f"snapshot {path} has {snapshot['epoch'] + 1} epochs trained, more than --epochs {cfg.epochs}; pass "
+                f"--epochs {snapshot['epoch'] + 1} or more to use it, or {_WAYS_OUT}")
+
+
+def _refuse(message: str) -> NoReturn:
+    """Stop with ``message``; under torchrun's --max-restarts, say that every restart will stop here the same way."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:  # torchrun gives its workers this variable
+        message += (" (torchrun restarts the ranks all the same, and each restart stops here: stop it with Ctrl-C "
+                    "and fix this first)")
+    raise InputError(message)
 
 
 def restore_history(snapshot: dict, path: Path, best, report=None) -> None:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workshop_lib.checks.common import CheckFailed, _call, _passed, is_number, judge_prediction, raised, run_forked
+from workshop_lib.checks.common import CheckFailed, _call, _passed, as_share, is_number, judge_prediction, raised, run_forked
 
 MLP_BUCKETS = 4  # DDP's buckets of MLP() at bucket_cap_mb=1: the last Linear with the one before, then one each
 
@@ -87,8 +87,9 @@ def compiled_ddp(fn: Callable, predicted: int | None = None, nprocs: int = 2, ti
 
 
 def share_prediction(predicted: float | None, share: float) -> None:
-    """The learner's share of DDP's bytes that FSDP2 holds per rank, against the run's, right within 0.1 (a tensor
-    that does not divide by N leaves a rank a few percent more); never raised."""
+    """The learner's share of DDP's bytes that FSDP2 holds per rank (0.5, or 50 for 50%), against the run's, right
+    within 0.1 (a tensor that does not divide by N leaves a rank a few percent more); never raised."""
+    predicted = as_share(predicted)  # 50 for 50%: the percent meant
     number = is_number(predicted)
     judge_prediction("FSDP2's share of DDP's bytes per rank", predicted, f"{share:.0%}",
                      number and abs(predicted - share) <= 0.1,

@@ -49,12 +49,14 @@ class _Watch:
 
     def __init__(self):
         self.handles: list = []
-        self.blocking = self.started = self.unwaited = 0
+        self.blocking = self.started = self.unwaited = self.weights = 0
+        self.parameters: set[int] = set()  # where the model's weights are (data_ptr), set by _timed
 
     def all_reduce(self, real):
         def spy(tensor, *args, **kwargs):
             work = real(tensor, *args, **kwargs)
             self.started += 1
+            self.weights += tensor.data_ptr() in self.parameters  # param.data (or param) itself, not its .grad
             if work is None:
                 self.blocking += 1
                 return None
@@ -92,6 +94,8 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
     model = SmilesLSTM(vocab, dropout=0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     times, last, first = [], [time.perf_counter()], []
+    if watch is not None:
+        watch.parameters = {p.data_ptr() for p in model.parameters()}
 
     def stamp(real):
         def spy(*args, **kwargs):
@@ -134,7 +138,7 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
         return {"status": "error", "error": raised(err)}
     return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
             "hand_weights": hand_weights, "blocking": watch.blocking, "started": watch.started,
-            "unwaited": watch.unwaited, "first_grad": first, "ddp_first_grad": ddp_first}
+            "unwaited": watch.unwaited, "weights": watch.weights, "first_grad": first, "ddp_first_grad": ddp_first}
 
 
 def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: int = 2, rounds: int = 2,
@@ -159,6 +163,10 @@ def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: i
         raise CheckFailed(f"{r['unwaited']} all-reduces were still unwaited at optimizer.step(): the step may read a "
                           "gradient before its all-reduce ends; wait() on every handle after backward(), then clear them")
     gap = (r["hand_weights"] - r["ddp_weights"]).abs().max().item()
+    if gap > 1e-6 and r["weights"]:
+        raise CheckFailed(f"after {n} steps the weights differ from DDP's by {gap:.1e}: {r['weights']} of the "
+                          f"{r['started']} all-reduces ran on the weights (param.data), not on the gradients, so "
+                          f"each rank stepped on its own gradient; all-reduce param.grad, divided by the world size")
     if gap > 1e-6:
         first, reference = r["first_grad"], r["ddp_first_grad"]
         if first is not None and torch.allclose(first, nprocs * reference, atol=1e-6):

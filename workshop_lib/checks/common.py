@@ -34,8 +34,18 @@ def _empty(predicted) -> bool:
     return predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
 
 
-def predict_first(predicted, name: str) -> None:
-    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer)."""
+def predict_first(predicted, name: str | None = None) -> None:
+    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer).
+
+    ``predict_first("predicted_x")``, the name alone: the prediction is read from the calling cell's namespace, so a
+    check cell run before its prediction cell says so, where the value itself would raise a bare NameError."""
+    if name is None:
+        import sys
+
+        name, namespace = predicted, sys._getframe(1).f_globals
+        if name not in namespace:
+            raise CheckFailed(f"`{name}` is not set yet: run the prediction cell above first, then this cell")
+        predicted = namespace[name]
     if _empty(predicted):
         raise CheckFailed(f"predict first: set `{name}` in the cell above and run it, then run this cell: "
                           f"the run shows the answer")
@@ -44,6 +54,12 @@ def predict_first(predicted, name: str) -> None:
 def is_number(predicted) -> bool:
     """Whether a prediction is a number (an int or a float; True and False are not)."""
     return isinstance(predicted, int | float) and not isinstance(predicted, bool)
+
+
+def as_share(predicted):
+    """A prediction of a share (at most 1), written as a share or as a percent (50 or 1.35 for 50% or 1.35%): the share;
+    anything else as given. A number above 1 cannot be a share, so it is read as the percent the learner meant."""
+    return predicted / 100 if is_number(predicted) and 1 < predicted <= 100 else predicted
 
 
 def judge_prediction(name: str, predicted, measured, right: bool | None, why: str = "",

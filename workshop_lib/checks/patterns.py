@@ -1,4 +1,4 @@
-"""The checks of notebook 04a: gradient accumulation with ``no_sync``, and the all-reduces it runs, predicted."""
+"""The checks of notebook 04a: gradient accumulation with ``no_sync``, the all-reduces it runs, predicted; autocast."""
 
 from __future__ import annotations
 
@@ -154,3 +154,101 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
            "every backward() outside no_sync() all-reduces the gradients it finds")
     judge_prediction("the all-reduces", predicted, f"{len(ran)} in {backwards} backward() calls (in backward {where})",
                      whole and predicted == len(ran), why)
+
+
+# ------------------------------------------------------------------ 3. mixed precision, on this machine
+
+SIXTEEN_BITS = (torch.bfloat16, torch.float16)  # the types torch's autocast computes in (CPU autocast: only these)
+
+
+class _Autocasts:
+    """Each ``torch.autocast`` the learner's code makes: its device type, dtype (None: the device's default), enabled,
+    and the learner's line (:func:`~workshop_lib.debug.frames.caller`)."""
+
+    def __init__(self):
+        self.made: list[dict] = []
+
+    def init(self, real):
+        import inspect
+        import sys
+
+        from workshop_lib.debug import frames
+
+        signature = inspect.signature(real)
+
+        def spy(autocast, *args, **kwargs):
+            given = signature.bind(autocast, *args, **kwargs).arguments
+            at = frames.caller(sys._getframe(1))
+            self.made.append({"device_type": given.get("device_type"), "dtype": given.get("dtype"),
+                              "enabled": given.get("enabled", True), "line": at.lineno if at else None})
+            return real(autocast, *args, **kwargs)
+        return spy
+
+
+def _autocast_mistake(made: list[dict], device: torch.device, error: Exception | None) -> str | None:
+    """What keeps the learner's autocast from computing in 16 bits on ``device``; None if nothing."""
+    if not made:
+        return ("no torch.autocast ran: run the forward and the loss inside `with torch.autocast(device_type=..., "
+                "dtype=...):`")
+    a = made[-1]
+    where = f" (line {a['line']})" if a["line"] else ""
+    dtype = a["dtype"] or torch.get_autocast_dtype(a["device_type"])
+    said = f"torch.autocast(device_type={a['device_type']!r}, dtype={dtype}){where}"
+    if a["device_type"] != device.type:
+        return (f"{said} on a model on the {device.type.upper()}: autocast acts only on {a['device_type']} ops, so "
+                f"this forward ran in float32 (torch disables it, with a warning, where there is no "
+                f"{a['device_type']}); take the device type from the tensors' device: device_type=device.type")
+    if not a["enabled"]:
+        return f"{said} with enabled=False: the forward ran in float32; leave enabled at its default, True"
+    if device.type == "cpu" and dtype == torch.float16:
+        torch_said = f" (torch: {str(error).split('. ')[0][:120]})" if error is not None else ""
+        return (f"{said} on a CPU: oneDNN, which runs the LSTM there, has no float16 kernel for most CPUs{torch_said}; "
+                f"on a CPU use dtype=torch.bfloat16 (float16 is for GPUs, with a GradScaler)")
+    if dtype not in SIXTEEN_BITS:
+        return (f"{said}: autocast computes in a 16-bit type, and disables itself for {dtype}; use "
+                f"dtype=torch.bfloat16")
+    return None
+
+
+def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
+    """``autocast_loss(model, batch)`` on this machine's CPU, inside :func:`~workshop_lib.precision.lstm_fallback`: a
+    forward in 16 bits under ``torch.autocast`` and a float32 loss, or the autocast argument a CPU cannot run, with the
+    learner's line. On the CPU only: CUDA initialised in the kernel would stop the notebook's later forked ranks."""
+    import warnings
+    from unittest import mock
+
+    from workshop_lib import precision
+    from workshop_lib.model import SmilesLSTM
+
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    model = SmilesLSTM(vocab, dropout=0.0)
+    logits = []
+    model.head.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
+    watch, error, loss = _Autocasts(), None, None
+    with warnings.catch_warnings(), mock.patch.object(torch.autocast, "__init__", watch.init(torch.autocast.__init__)):
+        warnings.simplefilter("ignore")  # torch's warning where autocast disables itself: the verdict says it
+        try:
+            with precision.lstm_fallback(device):  # this CPU's limit, not the lesson's: as 04a's cell runs it
+                loss = autocast_loss(model, batch)
+        except NotImplementedError:
+            raise CheckFailed(still_todo("autocast_loss")) from None
+        except Exception as err:  # judged below, with the autocast that caused it
+            error = err
+    wrong = _autocast_mistake(watch.made, device, error)
+    if wrong:
+        raise CheckFailed(wrong)
+    if error is not None:
+        raise CheckFailed(f"autocast_loss raised {raised(error)}")
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise CheckFailed(f"autocast_loss returned {type(loss).__name__}: return the loss, one number (a 0-dim tensor)")
+    if not logits or logits[0] not in SIXTEEN_BITS:
+        raise CheckFailed(f"the model's output came back {logits[0] if logits else 'never'}: run the forward, "
+                          f"model(b.tokens, b.lengths), inside the with torch.autocast(...) block")
+    if loss.dtype != torch.float32:
+        raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
+                          f"where autocast keeps losses in float32")
+    made = watch.made[-1]
+    _passed(f"autocast_loss: under torch.autocast(device_type={made['device_type']!r}, dtype="
+            f"{made['dtype'] or torch.get_autocast_dtype(made['device_type'])}) the logits came back {logits[0]} and "
+            f"the loss {loss.dtype}")

@@ -19,6 +19,7 @@ from workshop_lib.checks import rules
 from workshop_lib.checks.recorder import _at, _of, passes
 from workshop_lib.checks.runner import Run
 from workshop_lib.errors import first_line
+from workshop_lib.paths import lab_root
 
 EPOCHS = 3  # the resumed run's --epochs (the first run has the checker's 2)
 FIGURES = ("train_loss", "dev_roc_auc", "replica_spread")  # what must match; seconds and speeds may not
@@ -55,6 +56,11 @@ def writing_mistake(case: rules.Case, out: Path) -> str | None:
         return (f"rank 0 wrote {SNAPSHOT} with torch.save straight into place{_at(in_place)}: a kill during the write "
                 f"leaves half a file, which the next run cannot load; write a temporary file in the same folder, then "
                 f"os.replace it onto {SNAPSHOT}")
+    elsewhere = next((s for s in saves if (lab_root() / s["path"]).resolve().parent != Path(out).resolve()), None)
+    if elsewhere is not None:  # a path the run gave relative to its folder, the clone (runner.py)
+        return (f"rank 0 wrote the temporary file {elsewhere['path']} outside --out{_at(elsewhere)}: os.replace is "
+                f"atomic only within one file system (from another it fails, 'Invalid cross-device link'); write it "
+                f"in the same folder as {SNAPSHOT}")
     left = sorted({Path(s["path"]).name for s in saves} & {p.name for p in Path(out).iterdir()})
     if left:
         return (f"the temporary file {left[0]} is still in --out after the run: move it onto {SNAPSHOT} with "

@@ -116,7 +116,7 @@ def check(path: str | Path, step: int | None = None) -> None:
     """For a notebook: check the step script the learner wrote (``scripts.write_script``); a ✓ line, or CheckFailed."""
     status, line = check_scripts([Path(path)], [step])[0]
     if status != "done":
-        raise CheckFailed(line)
+        raise CheckFailed(scripts.in_cells(path, line))  # a line of a script written from cells: the cell's line
     _passed(line)
 
 

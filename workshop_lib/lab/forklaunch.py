@@ -22,7 +22,7 @@ from pathlib import Path
 
 from workshop_lib.errors import WorkshopError, first_line
 from workshop_lib.lab import spawning
-from workshop_lib.lab.launch import LaunchError
+from workshop_lib.lab.launch import LaunchError, exit_said, last_lines
 from workshop_lib.lab.ranks import Ranks, lab_env
 
 
@@ -106,7 +106,29 @@ def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
     last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
     where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
     line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
-    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000]}))
+    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000],
+                                                                 "time": time.time()}))
+
+
+def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, str, str]]:
+    """Every rank that raised or died, the first to fail first: (when, its line, torch's whole message).
+
+    A rank that raised recorded its line and the time (:func:`_record_failure`); one that died without a Python error
+    (killed, aborted in C++, ``os._exit``) is named by its exit code and its log's last lines, at the time its log
+    was last written. A peer's "Connection reset by peer" so comes after the death that caused it."""
+    ended = {}
+    for path in log_dir.glob("rank*.error"):
+        record = json.loads(path.read_text())
+        ended[int(path.stem[4:])] = (record.get("time", path.stat().st_mtime), record["line"], record["detail"])
+    for rank, code in failed.items():
+        if rank in ended:
+            continue
+        log = log_dir / f"rank{rank}.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        said = last_lines(text)
+        ended[rank] = (log.stat().st_mtime if log.is_file() else time.time(),
+                       f"rank {rank} {exit_said(code)} without a Python error{said}", said.split(": ", 1)[-1])
+    return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
@@ -140,10 +162,9 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     except KeyboardInterrupt:  # the stop button, wherever it landed: every rank is gone by now
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     if done.failed:
-        recorded = [json.loads(p.read_text()) for p in sorted(Path(log_dir).glob("rank*.error"))]
-        lines = [r["line"] for r in recorded] or [  # else killed, or ended without raising (os._exit, a crash in C)
-            f"rank {rank} failed with exit code {code}" for rank, code in sorted(done.failed.items())]
-        raise RanksFailed(_report(name, lines, log_dir), lines, [r["detail"] for r in recorded])
+        ended = _ended(Path(log_dir), done.failed)
+        lines, details = [line for _, line, _ in ended], [detail for _, _, detail in ended]
+        raise RanksFailed(_report(name, lines, log_dir), lines, details)
     shown = _rank_logs(log_dir).get(0, "")
     if shown:
         print(shown, end="" if shown.endswith("\n") else "\n", flush=True)

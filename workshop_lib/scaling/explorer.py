@@ -115,7 +115,7 @@ class Explorer:
 
 # question: (what the learner predicts, how close counts, why the model gives what it gives)
 PREDICTIONS = {
-    "accumulation": ("the efficiency with 5 micro-batches per all-reduce, as a share (0.5 for 50%)", 0.03,
+    "accumulation": ("the efficiency with 5 micro-batches per all-reduce, as a share or a percent (0.5 or 50)", 0.03,
                      "k micro-batches of compute share one all-reduce: efficiency = k x compute / "
                      "(k x compute + all-reduce)"),
     "overlap": ("the all-reduce time left exposed with full overlap, in ms", 0.1,
@@ -132,16 +132,18 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
 
 def check(question: str, predicted, expected: float) -> None:
     """Compare a prediction with the model's value; print a tick and why, or raise CheckFailed with the why."""
-    from workshop_lib.checks.common import CheckFailed
+    from workshop_lib.checks.common import CheckFailed, as_share, is_number
 
     what, tolerance, why = PREDICTIONS[question]
-    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+    if not is_number(predicted):
         raise CheckFailed(f"your prediction is {predicted!r}: write {what} as a number first")
-    if question == "accumulation" and predicted > 1:
-        raise CheckFailed(f"{predicted} is not a share: write {predicted / 100:g} for {predicted:g}%")
-    close = (abs(predicted - expected) <= tolerance if question == "accumulation"
+    share = question == "accumulation"
+    if share:
+        predicted = as_share(predicted)  # 65 or 1.35: the percent meant, 65% or 1.35%
+    close = (abs(predicted - expected) <= tolerance if share
              else abs(predicted - expected) <= max(1.0, tolerance * expected))
-    shown = (lambda x: f"{x:.0%}") if question == "accumulation" else (lambda x: f"{x:.0f} ms")
+    shown = (lambda x: f"{x:.0%}") if share else (lambda x: f"{x:.0f} ms")
+    said = f"{100 * predicted:.3g}%" if share else shown(predicted)
     if not close:
-        raise CheckFailed(f"you predicted {shown(predicted)}, the model gives {shown(expected)}: {why}")
-    print(f"\N{CHECK MARK} {shown(expected)} (you said {shown(predicted)}): {why}")
+        raise CheckFailed(f"you predicted {said}, the model gives {shown(expected)}: {why}")
+    print(f"\N{CHECK MARK} {shown(expected)} (you said {said}): {why}")

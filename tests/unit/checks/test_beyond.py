@@ -75,6 +75,8 @@ def test_a_full_state_gather_on_rank_0_alone_names_its_line_and_the_condition():
     (0.5, "\N{CHECK MARK} FSDP2's share of DDP's bytes per rank: you predicted 50%, measured 50%; each of N ranks"),
     (0.42, "\N{CHECK MARK} FSDP2's share of DDP's bytes per rank: you predicted 42%, measured 50%"),
     (1.0, "\N{BALLOT X} FSDP2's share of DDP's bytes per rank: you predicted 100%, measured 50%"),
+    (50, "\N{CHECK MARK} FSDP2's share of DDP's bytes per rank: you predicted 50%, measured 50%"),  # a percent
+    (1.35, "\N{BALLOT X} FSDP2's share of DDP's bytes per rank: you predicted 1%, measured 50%"),  # 1.35%
     (None, "\N{BALLOT X} FSDP2's share of DDP's bytes per rank: no prediction, measured 50%"),
 ])
 def test_the_share_prediction_is_judged_never_raised(predicted, said, capsys):

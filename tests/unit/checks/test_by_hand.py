@@ -22,14 +22,15 @@ def batches_of(rank: int):
     return [collate([SPLITS.train[i] for i in range((rank * 4 + k) * 16, (rank * 4 + k + 1) * 16)]) for k in range(4)]
 
 
-def make(average=True, wait=True, async_op=True, hooks=True):
+def make(average=True, wait=True, async_op=True, hooks=True, tensor="grad"):
     def train_by_hand(model, optimizer, batches):
         world, pending = dist.get_world_size(), []
 
         def hook(param):
+            reduced = getattr(param, tensor)  # "data": the mistake of all-reducing the weights
             if average:
-                param.grad.div_(world)
-            pending.append(dist.all_reduce(param.grad, async_op=async_op))
+                reduced.div_(world)
+            pending.append(dist.all_reduce(reduced, async_op=async_op))
 
         handles = [p.register_post_accumulate_grad_hook(hook) for p in model.parameters()] if hooks else []
         try:
@@ -66,8 +67,13 @@ def test_overlapped_allreduces_give_ddps_weights_and_are_timed(capsys):
     (make(average=False), "the gradients are the sum over the 2 ranks, DDP's the mean: divide each by the world size"),
     (make(wait=False), f"{8 * PARAMETERS} all-reduces were still unwaited at optimizer.step()"),
     (make(async_op=False), f"{8 * PARAMETERS} all-reduces blocked backward (async_op=False)"),
-], ids=["todo", "no hooks", "summed", "never waited", "blocking"])
+    (make(tensor="data"), "after 8 steps the weights differ from DDP's by "),
+], ids=["todo", "no hooks", "summed", "never waited", "blocking", "the weights all-reduced"])
 def test_each_mistake_is_named(train, named):
     with pytest.raises(CheckFailed) as err:
         by_hand.by_hand(train, batches_of, VOCAB)
     assert str(err.value).startswith(named), str(err.value)
+    if "weights differ" in named:  # the cause named, not only the gap
+        assert str(err.value).endswith(f"{8 * PARAMETERS} of the {8 * PARAMETERS} all-reduces ran on the weights "
+                                       "(param.data), not on the gradients, so each rank stepped on its own gradient; "
+                                       "all-reduce param.grad, divided by the world size"), str(err.value)

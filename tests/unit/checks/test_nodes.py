@@ -65,3 +65,13 @@ def test_only_the_endpoint_changes_when_it_runs_here():
     flags = nodes.parse(GOOD.replace("--rdzv_endpoint=node0:29500", "--rdzv-endpoint node0:29500")).flags
     assert nodes._flags_here(flags, "127.0.0.1:1234") == [
         "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", "--rdzv-endpoint=127.0.0.1:1234", "--rdzv_id=job42"]
+
+
+def test_every_one_process_node_started_on_one_machine_in_the_docs_sets_one_thread():
+    """torchrun sets OMP_NUM_THREADS=1 only for more than one process a node: two one-process "nodes" on one machine
+    would each run a thread per core (docs/reference/machines.md measures it)."""
+    from tests.conftest import REPO
+
+    found = [line for page in (REPO / "docs").rglob("*.md") for line in page.read_text().splitlines()
+             if "--nnodes=2" in line and "--nproc_per_node=1" in line and "127.0.0.1" in line]
+    assert found and all(line.startswith("OMP_NUM_THREADS=1 torchrun ") for line in found), found

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 from workshop_lib.checks import patterns
@@ -128,3 +129,81 @@ def test_each_accumulation_mistake_is_named(loop, named):
     with pytest.raises(CheckFailed) as err:
         patterns.accumulation(loop, batches_of, vocab())
     assert named in str(err.value), str(err.value)
+
+
+# ------------------------------------------------------------------------- mixed precision (section 3)
+
+
+def make_autocast_loss(device_type=None, dtype=torch.bfloat16, enabled=True, autocast=True):
+    """The learner's autocast_loss, right by default; each argument one way to get it wrong."""
+
+    def autocast_loss(model, b):
+        device = next(model.parameters()).device
+        kind = device_type or device.type
+        cast = torch.autocast(device_type=kind, dtype=dtype, enabled=enabled) if autocast else contextlib.nullcontext()
+        with cast:
+            logits = model(b.tokens, b.lengths)
+            return F.binary_cross_entropy_with_logits(logits, b.labels)
+    return autocast_loss
+
+
+def autocast_todo(model, b):
+    raise NotImplementedError("fill in the TODO above")
+
+
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+AUTOCAST_LINE = _line_of(make_autocast_loss, "cast = torch.autocast(")
+
+
+@pytest.mark.timeout(60)
+def test_autocast_on_this_machines_device_in_bfloat16_passes(capsys):
+    patterns.autocast(make_autocast_loss(), batches_of(0)[0], vocab())
+    said = capsys.readouterr().out
+    assert said == ("\N{CHECK MARK} autocast_loss: under torch.autocast(device_type='cpu', dtype=torch.bfloat16) the "
+                    "logits came back torch.bfloat16 and the loss torch.float32\n"), said
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("fn", "named"), [
+    (autocast_todo, "autocast_loss still raises NotImplementedError"),
+    (make_autocast_loss(autocast=False), "no torch.autocast ran: run the forward and the loss inside"),
+    (make_autocast_loss(dtype=torch.float16),  # oneDNN's error where it has no float16 LSTM; named by the dtype
+     f"torch.autocast(device_type='cpu', dtype=torch.float16) (line {AUTOCAST_LINE}) on a CPU: oneDNN, which runs the "
+     "LSTM there, has no float16 kernel for most CPUs"),
+    (make_autocast_loss(device_type="cuda"),  # on a CPU: torch disables it with a warning, and the forward is float32
+     f"torch.autocast(device_type='cuda', dtype=torch.bfloat16) (line {AUTOCAST_LINE}) on a model on the CPU: "
+     "autocast acts only on cuda ops, so this forward ran in float32"),
+    (make_autocast_loss(enabled=False), f"torch.autocast(device_type='cpu', dtype=torch.bfloat16) (line "
+                                        f"{AUTOCAST_LINE}) with enabled=False"),
+    (make_autocast_loss(dtype=torch.float32), f"torch.autocast(device_type='cpu', dtype=torch.float32) (line "
+                                              f"{AUTOCAST_LINE}): autocast computes in a 16-bit type"),
+], ids=["todo", "no autocast", "float16 on a CPU", "cuda on a CPU", "disabled", "float32"])
+def test_each_autocast_mistake_is_named_with_its_line(fn, named):
+    with pytest.raises(CheckFailed) as err:
+        patterns.autocast(fn, batches_of(0)[0], vocab())
+    assert str(err.value).startswith(named), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_check_cell_run_before_its_prediction_cell_says_so_not_a_name_error():
+    """04a's check cell, as written in the notebook, in a kernel where the prediction cell has not run."""
+    import nbformat
+
+    from tests.conftest import REPO
+    from workshop_lib import check
+
+    cell = next(c.source for c in nbformat.read(REPO / "notebooks" / "04a_patterns.ipynb", as_version=4).cells
+                if c.get("id") == "nb04a-accum-run")
+    gate = next(line for line in cell.splitlines() if "predict_first" in line)
+    with pytest.raises(CheckFailed) as err:
+        exec(gate, {"check": check})  # the notebook's own line
+    assert str(err.value) == "`predicted_allreduces` is not set yet: run the prediction cell above first, then this cell"
+    with pytest.raises(CheckFailed, match="predict first: set `predicted_allreduces` in the cell above"):
+        exec(gate, {"check": check, "predicted_allreduces": None})
+    exec(gate, {"check": check, "predicted_allreduces": 1})  # a prediction: the run goes on

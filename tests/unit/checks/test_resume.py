@@ -52,6 +52,20 @@ def test_a_snapshot_written_straight_into_place_is_named(tmp_path):
         "onto snapshot.pt")
 
 
+def test_a_temporary_file_in_another_folder_is_named(tmp_path):
+    rec = Recorder()
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir(), elsewhere.mkdir()
+    with recording(rec):
+        at = _here() + 1
+        torch.save({"epoch": 0}, elsewhere / "snapshot.tmp")
+        os.replace(elsewhere / "snapshot.tmp", out / resume.SNAPSHOT)  # works here, one file system: not across two
+    assert resume.writing_mistake(_case(rec), out) == (
+        f"rank 0 wrote the temporary file {elsewhere / 'snapshot.tmp'} outside --out (line {at}): os.replace is atomic "
+        "only within one file system (from another it fails, 'Invalid cross-device link'); write it in the same "
+        "folder as snapshot.pt")
+
+
 @pytest.mark.parametrize("rename", [os.replace, os.rename])  # os.rename is atomic on POSIX too
 def test_a_file_object_and_an_atomic_rename_pass(tmp_path, rename):
     rec = Recorder()

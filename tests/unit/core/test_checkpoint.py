@@ -274,3 +274,28 @@ def test_fresh_does_not_throw_away_its_own_snapshot_after_a_torchrun_restart(ste
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # what torchrun sets in a restarted round
     resumed = train(step4, tmp_path, "--epochs", "2", "--lr", "1e-3", "--fresh")
     assert "resuming from" in capsys.readouterr().out and len(resumed["history"]) == 2
+
+
+@pytest.mark.parametrize(("snapshot", "said"), [
+    ({"epoch": 0, "model": {}, "optimizer": {}},  # a learner's dict, the workshop's record left out
+     "snapshot snap.pt has 'epoch', 'model', 'optimizer' but not the workshop's record ('best', 'fingerprint', "
+     "'format', 'report', 'world_size'): the script that wrote it left out "
+     "snapshot.update(checkpoint.run_record(best, report)) before saving"),
+    ({"weights": 1}, "snapshot snap.pt is not a workshop snapshot: it has the keys 'weights' and lacks 'best', "),
+    ([1, 2], "snapshot snap.pt holds a list, where a workshop snapshot is a dict"),
+    ({k: 0 for k in checkpoint._KEYS} | {"format": 2}, "snapshot snap.pt is of format 2, and this workshop reads "
+                                                         f"format {checkpoint.FORMAT}"),
+], ids=["no record", "other keys", "not a dict", "another format"])
+def test_a_snapshot_that_is_not_this_workshops_says_what_it_found(snapshot, said, monkeypatch):
+    from workshop_lib.config import TrainConfig
+
+    monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
+    with pytest.raises(InputError) as err:
+        checkpoint.refuse_another_run(snapshot, "snap.pt", TrainConfig(), 2)
+    assert str(err.value).startswith(f"error: {said}"), str(err.value)
+    assert "(format 3" not in str(err.value) and "restart" not in str(err.value)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")  # as torchrun --max-restarts=3 gives its workers
+    with pytest.raises(InputError) as err:
+        checkpoint.refuse_another_run(snapshot, "snap.pt", TrainConfig(), 2)
+    assert str(err.value).endswith("(torchrun restarts the ranks all the same, and each restart stops here: stop it "
+                                   "with Ctrl-C and fix this first)")

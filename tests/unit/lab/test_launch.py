@@ -497,3 +497,72 @@ def test_a_stop_that_comes_while_the_ranks_start_reaches_the_callers_handler_onc
         ranks.stop()
         signal.signal(signal.SIGTERM, before)
     assert still_alive(list(ranks.pids().values()), timeout=10) == []
+
+
+def _join_on_rank1_only(env):
+    """04a section 1's mistake: uneven batches, Join enabled on one rank only; its collectives and DDP's then differ."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from workshop_lib.model import SmilesLSTM
+
+    torch.manual_seed(0)
+    model = DDP(SmilesLSTM(12), process_group=dist.new_group(timeout=datetime.timedelta(seconds=5)))
+    tokens, lengths = torch.randint(1, 12, (4, 6)), torch.tensor([6, 5, 3, 2])  # (B, T), a padded batch
+    with Join([model], enable=env.rank == 1):
+        for _ in range(2 if env.rank == 0 else 4):
+            model(tokens, lengths).sum().backward()
+    dist.barrier()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_in_cpp_is_named_first_with_its_signal_and_last_lines_then_its_peers_echo():
+    with pytest.raises(forklaunch.RanksFailed) as err:
+        forklaunch.notebook_launch(_join_on_rank1_only, 2, timeout=60)
+    died, echo = err.value.failures
+    # rank 1's Join all-reduces a count where rank 0's DDP all-reduces the gradients: gloo aborts in C++
+    assert died.startswith("rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: "), died
+    assert "gloo::EnforceNotMet" in died and "Is there a distributed collective mismatch" in died, died
+    assert echo.startswith("rank 0 raised RuntimeError: ") and "peer" in echo, echo  # the survivor, after it
+    assert str(err.value).splitlines()[1:3] == [died, echo]
+    assert "collective mismatch" in err.value.details[0]
+
+
+JOIN_ON_ONE_RANK = """
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+from workshop_lib.model import SmilesLSTM
+
+@record
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(SmilesLSTM(12))
+    tokens, lengths = torch.randint(1, 12, (4, 6)), torch.tensor([6, 5, 3, 2])
+    with Join([model], enable=rank == 1):  # the mistake: Join on one rank only
+        for _ in range(2 if rank == 0 else 4):
+            model(tokens, lengths).sum().backward()
+    dist.destroy_process_group()
+
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torchrun_failure_names_every_rank_that_ended_the_one_aborted_in_cpp_first(tmp_path):
+    script = tmp_path / "join_on_one_rank.py"
+    script.write_text(JOIN_ON_ONE_RANK)
+    with pytest.raises(launch.LaunchError) as err:
+        launch.torchrun(script, 2, out=False, timeout=120, progress=False, show=None, watch=False)
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith("torchrun exited with code 1 (torchrun logs: ")
+    died, echo = lines[1:3]
+    assert died.startswith("rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: "), died
+    assert "gloo::EnforceNotMet" in died and "Is there a distributed collective mismatch" in died, died
+    assert echo.startswith("rank 0 raised RuntimeError: ") and "peer" in echo, echo
+    assert lines[3] == "Last lines:"

@@ -103,3 +103,63 @@ def test_a_learners_script_borrows_their_own_earlier_cells_and_says_which_came_f
     assert text.splitlines()[1] == ("# From the solutions, as yours still raise NotImplementedError: "
                                     "def f (00_lend.ipynb).")
     assert "NotImplementedError" not in "\n".join(text.splitlines()[2:])
+
+
+def test_a_line_of_a_written_script_is_pointed_at_its_cell_and_line(tmp_path, monkeypatch):
+    """The verdicts of a script written from cells name the cell and its line, hints and markers counted."""
+    monkeypatch.setattr(scripts, "_ran", {})
+    monkeypatch.setattr(scripts, "_written", {})
+    notebook = REPO / "notebooks" / "04a_patterns.ipynb"
+    path = scripts.write_script(notebook, "step4_snapshots", to=tmp_path / "step4_snapshots.py")
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines, 1) if "os.replace(" in line)
+    cell = next(c.source for c in nbformat.read(notebook, as_version=4).cells if "def save_snapshot(" in c.source)
+    in_cell = next(i for i, line in enumerate(cell.splitlines(), 1) if "os.replace(" in line)
+    assert in_cell > at - next(i for i, line in enumerate(lines, 1) if line.startswith("def save_snapshot")) + 1
+    assert scripts.where_in_cells(path, at) == f"cell `def save_snapshot` line {in_cell}"
+    setup = next(i for i, line in enumerate(lines, 1) if line.startswith("def setup("))
+    assert scripts.where_in_cells(path, setup) == "01_process_group.ipynb's cell `def setup` line 1"  # lent
+    assert scripts.in_cells(path, f"step4_snapshots.py: rank 0 wrote it (line {at}): a kill") == (
+        f"step4_snapshots.py: rank 0 wrote it (cell `def save_snapshot` line {in_cell}): a kill")
+    path.write_text(path.read_text() + "# edited by hand\n")  # no longer what the cells wrote: its own lines
+    assert scripts.in_cells(path, f"(line {at})") == f"(line {at})"
+
+
+class _Ran:
+    """What IPython's post_run_cell passes: the cell's id and source, and whether it ran."""
+
+    def __init__(self, cell_id: str, source: str, success: bool = True):
+        self.info = type("Info", (), {"cell_id": cell_id, "raw_cell": source})()
+        self.success = success
+
+
+def test_running_a_cell_of_a_written_script_again_rewrites_it_for_the_terminal(course, monkeypatch, capsys):
+    monkeypatch.chdir(course / "exercises")
+    monkeypatch.setattr(scripts, "_ran", {})
+    monkeypatch.setattr(scripts, "_written", {})
+    scripts._record(_Ran("c3", "def f(x):\n    return 3 * x"))  # before any write_script: nothing written
+    assert not (course / "runs").exists()
+    path = scripts.write_script("00_tiny.ipynb")
+    capsys.readouterr()
+    scripts._record(_Ran("c3", "def f(x):\n    return 5 * x"))  # the learner edits the cell and runs it again
+    assert "return 5 * x" in path.read_text()
+    assert capsys.readouterr().out == "(rewrote runs/mine/tiny.py from this cell, as the terminal will run it)\n"
+    scripts._record(_Ran("c4", "print(f(1))"))  # a cell that is not the script's: nothing
+    scripts._record(_Ran("c3", "def f(x):\n    return 7 * x", success=False))  # a cell that failed: not written
+    assert "return 5 * x" in path.read_text() and capsys.readouterr().out == ""
+
+
+def test_the_notebooks_script_check_names_the_cell_and_its_line(tmp_path, monkeypatch):
+    """check.script in a notebook: the checker's verdict on a line of the written script, pointed at the cell."""
+    from workshop_lib.checks import script
+    from workshop_lib.checks.common import CheckFailed
+
+    monkeypatch.setattr(scripts, "_ran", {})
+    monkeypatch.setattr(scripts, "_written", {})
+    path = scripts.write_script(REPO / "notebooks" / "04a_patterns.ipynb", to=tmp_path / "step4_snapshots.py")
+    at = next(i for i, line in enumerate(path.read_text().splitlines(), 1) if "torch.save(snapshot, tmp)" in line)
+    said = f"step4_snapshots.py: rank 0 wrote snapshot.pt with torch.save straight into place (line {at}): a kill"
+    monkeypatch.setattr(script, "check_scripts", lambda paths, steps: [("wrong", said)])  # the checker's verdict
+    with pytest.raises(CheckFailed) as err:
+        script.check(path)
+    assert str(err.value) == said.replace(f"(line {at})", "(cell `def save_snapshot` line 7)")

@@ -201,8 +201,10 @@ def test_the_read_off_and_the_predictions_are_checked_against_the_model(capsys):
     assert capsys.readouterr().out.startswith("\N{CHECK MARK} 65% (you said 63%): k micro-batches")
     with pytest.raises(CheckFailed, match=r"you predicted 27%, the model gives 65%: k micro-batches"):
         check("accumulation", 0.27, 0.65)
-    with pytest.raises(CheckFailed, match=r"65 is not a share: write 0\.65 for 65%"):
-        check("accumulation", 65, 0.65)
+    check("accumulation", 65, 0.65)  # a percent, where the question asks for a share: read as the 65% meant
+    assert capsys.readouterr().out.startswith("\N{CHECK MARK} 65% (you said 65%): k micro-batches")
+    with pytest.raises(CheckFailed, match=r"you predicted 1\.35%, the model gives 65%: k micro-batches"):
+        check("accumulation", 1.35, 0.65)  # 1.35 for 1.35%, not a typo for 0.0135
     check("overlap", 46, 47.6)
     with pytest.raises(CheckFailed, match=r"you predicted 0 ms, the model gives 48 ms: backward"):
         check("overlap", 0, 47.6)

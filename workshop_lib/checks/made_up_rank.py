@@ -1,10 +1,10 @@
-"""``setup(timeout)`` as torchrun would run it: first for real on this machine, 2 ranks of one node joining through
-torchrun's variables (env://, the store hosted here as torchrun's agent hosts it, no GPU: the CPU branch, Gloo),
-then, for what a CPU cannot run, as a made-up rank 3 of 4, local rank 1, on a node faking 2 GPUs, with
-``set_device``/``init_process_group`` observed, not called: nothing is joined there. The GPU node is faked the same
-way through ``torch.cuda`` and ``torch.accelerator``, so every form of torch's docs passes (the device-agnostic one,
-a backend left out or given per device). Notebook 01's ``process_group``, and the script checker's
-:func:`on_a_gpu_node` (its CPU run is the script's own)."""
+"""``setup(timeout)`` first joined for real by 2 ranks on this machine, started as the script checker starts a
+script (:mod:`runner`: torchrun's variables, the store hosted here, no GPU, so the CPU branch joins with Gloo); then,
+for what a CPU cannot run, as a made-up rank 3 of 4, local rank 1, on a node faking 2 GPUs, ``set_device`` and
+``init_process_group`` observed, not called. The GPU node is faked the same way through ``torch.cuda`` and
+``torch.accelerator``, so the forms of torch's docs pass there (the device-agnostic one, a backend left out or
+given per device). Notebook 01's ``process_group``, and the script checker's :func:`on_a_gpu_node` (its CPU run is
+the script's own)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import io
 import os
 import shutil
 import tempfile
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -22,61 +23,47 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from workshop_lib.checks import torch_errors
-from workshop_lib.checks.common import CheckFailed, _passed, raised, run_forked, said, still_todo
-from workshop_lib.checks.recorder import Recorder, _of, call_name, recording, waiting_in
-from workshop_lib.checks.runner import _read
+from workshop_lib.checks import runner, torch_errors
+from workshop_lib.checks.common import CheckFailed, _passed, run_forked, said, still_todo
+from workshop_lib.checks.recorder import Recorder, _at, _of, call_name, recording, waiting_in
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.errors import first_line
 
 RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2  # the made-up GPU node's rank
-REAL = 2  # ranks of the real run
-TIMEOUT = 10.0  # the group timeout setup is given in the real run: a join that cannot complete raises there
-LIMIT = 20.0  # seconds for the real run, for a setup that does not pass its timeout on
+TIMEOUT = 10.0  # the group timeout setup is given: a join that cannot complete raises there
+LIMIT = 20.0  # seconds for the real run (a setup may not pass its timeout on)
+REAL = f"in a real run of {runner.WORLD} ranks on this machine (torchrun's variables, no GPU)"
 
 
 # ----------------------------------------------------------------------------- the real run, on this machine
 
 
 def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
-    """One rank of the real run, as torchrun --standalone --nproc_per_node=2 starts it on a machine without GPUs:
-    ``setup(TIMEOUT)`` recorded (PREFIX.jsonl, read if the run is stopped), then one all_reduce on the group it joined."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
-                      TORCHELASTIC_RESTART_COUNT="0", CUDA_VISIBLE_DEVICES="")
+    """One rank: ``setup(TIMEOUT)`` recorded (also to a file, read if the run is stopped); how it joined."""
     rank = int(os.environ["RANK"])
+    os.environ.update(runner._env(rank, port))
     rec, device, end = Recorder(Path(folder, f"rank{rank}")), None, None
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             with recording(rec):
                 device = setup(TIMEOUT)
         except Exception as err:
-            end = said(err, "setup", _given(rec.events, os.environ) or _with_nccl(rec.events) or _no_gpu(err))
-    out = {"rank": rank, "end": end, "device": str(device), "events": rec.events, "joined": dist.is_initialized()}
-    if end is None and out["joined"]:
-        out.update(as_rank=dist.get_rank(), world=dist.get_world_size())
-        try:
-            total = torch.ones(1, device=device)
-            dist.all_reduce(total)
-            out["total"] = total.item()
-        except Exception as err:
-            out["end"] = f"after setup, dist.all_reduce(torch.ones(1, device={device})) raised {raised(err)}"
+            end = said(err, "setup", _given(rec.events, rank) or _with_nccl(rec.events) or _no_gpu(err))
     rec.close()
-    return out
+    joined = dist.is_initialized() and end is None
+    return {"rank": rank, "end": end, "device": str(device), "events": rec.events, "joined": joined,
+            "as": (dist.get_rank(), dist.get_world_size()) if joined else None}
 
 
-def _given(events: list[dict], told) -> str | None:
-    """A rank or world size given to init_process_group that torchrun's variables (``told``) contradict."""
+def _given(events: list[dict], rank: int) -> str | None:
+    """A rank or world size given to init_process_group that torchrun's variables contradict."""
     init = next(iter(_of(events, "init", phase="enter")), {})
-    for name, variable in (("world_size", "WORLD_SIZE"), ("rank", "RANK")):
-        given = init.get(f"given_{name}")
-        if given not in (None, -1, int(told[variable])):
-            return (f"init_process_group was given {name}={given}{_line(init)}, and torchrun started this rank with "
-                    f"{variable}={told[variable]}: leave {name}= out under torchrun (env:// reads {variable})")
+    for name, told in (("world_size", runner.WORLD), ("rank", rank)):
+        if init.get(f"given_{name}") not in (None, -1, told):
+            return (f"init_process_group was given {name}={init[f'given_{name}']}{_at(init)}, and torchrun started "
+                    f"this rank with {name.upper()}={told}: leave {name}= out under torchrun (env:// reads "
+                    f"{name.upper()})")
     return None
-
-
-def _line(event: dict) -> str:
-    return f" (line {event['line']})" if event.get("line") else ""
 
 
 def _with_nccl(events: list[dict]) -> str | None:
@@ -91,8 +78,6 @@ def _with_nccl(events: list[dict]) -> str | None:
 
 def _no_gpu(err: Exception) -> str | None:
     """A CUDA call where there is no GPU: raised from within torch.cuda."""
-    import traceback
-
     if any(f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename for f in traceback.extract_tb(err.__traceback__)):
         return ("this machine has no GPU: call CUDA only where torch.cuda.is_available() (on the CPU: device cpu, "
                 "backend gloo)")
@@ -100,43 +85,38 @@ def _no_gpu(err: Exception) -> str | None:
 
 
 def _stuck(folder: str) -> str | None:
-    """Where the real run's ranks were when it was stopped: inside init_process_group, as the record says."""
-    for path in sorted(Path(folder).glob("rank*.jsonl")):
-        events = _read(path)
-        waiting = waiting_in(events)
-        if waiting is not None:
-            rank = int(path.stem[4:])
-            why = _given(events, launch_variables(rank, REAL)) or "a join completes once every rank has joined"
-            return (f"setup did not return within {LIMIT:g}s in a real run of {REAL} ranks: rank {rank} waits in "
-                    f"{call_name(waiting)}{_line(waiting)}; {why}")
-    return None
+    """Where a rank of the stopped run waited, from its record (inside init_process_group), and why: a rank whose
+    arguments contradict torchrun's variables first."""
+    waits = [(rank, waiting, _given(events, rank)) for rank in range(runner.WORLD)
+             if (waiting := waiting_in(events := runner._read(Path(folder, f"rank{rank}.jsonl")))) is not None]
+    if not waits:
+        return None
+    rank, waiting, why = min(waits, key=lambda w: w[2] is None)
+    return (f"setup did not return within {LIMIT:g}s {REAL}: rank {rank} waits in {call_name(waiting)}{_at(waiting)}; "
+            f"{why or 'a join completes once every rank has joined'}")
 
 
 def _on_this_machine(setup: Callable) -> dict:
-    """The real run: each rank's end; CheckFailed with the first thing it shows wrong."""
-    store = dist.TCPStore("127.0.0.1", 0, REAL, is_master=True, wait_for_workers=False)  # torchrun's agent's
+    """The real run: CheckFailed with the first thing it shows wrong, else rank 0's record."""
+    store = dist.TCPStore("127.0.0.1", 0, runner.WORLD, is_master=True, wait_for_workers=False)  # torchrun's agent's
     folder = tempfile.mkdtemp(prefix="setup-")
     try:
-        ranks = run_forked(_real_rank, REAL, setup, store.port, folder, timeout=LIMIT, backend=None, name="setup",
-                           timed_out=lambda: _stuck(folder))
+        ranks = run_forked(_real_rank, runner.WORLD, setup, store.port, folder, timeout=LIMIT, backend=None,
+                           name="setup", timed_out=lambda: _stuck(folder))
     finally:
         del store
         shutil.rmtree(folder, ignore_errors=True)
-    where = f"in a real run of {REAL} ranks on this machine (no GPU, torchrun's variables)"
     for r in ranks:
         if r["end"]:
-            raise CheckFailed(f"{r['end']} ({where}, rank {r['rank']})")
+            raise CheckFailed(f"{r['end']} ({REAL}, rank {r['rank']})")
         if not r["joined"]:
-            raise CheckFailed(f"setup never called dist.init_process_group ({where}): join the group that torchrun "
+            raise CheckFailed(f"setup never called dist.init_process_group ({REAL}): join the group that torchrun "
                               f"describes")
-        if (r["as_rank"], r["world"]) != (r["rank"], REAL):
-            raise CheckFailed(f"{where}, rank {r['rank']} joined as rank {r['as_rank']} of {r['world']}: leave rank= "
+        if r["as"] != (r["rank"], runner.WORLD):
+            raise CheckFailed(f"{REAL}, rank {r['rank']} joined as rank {r['as'][0]} of {r['as'][1]}: leave rank= "
                               f"and world_size= out under torchrun (env:// reads RANK and WORLD_SIZE)")
-        if r["total"] != REAL:
-            raise CheckFailed(f"{where}, the ranks did not join one group (an all_reduce of 1 on each gave "
-                              f"{r['total']:g}): join the group that torchrun describes, init_process_group(backend)")
         if r["device"] != "cpu":
-            raise CheckFailed(f"{where}, setup returned {r['device']}: return the CPU where there is no GPU")
+            raise CheckFailed(f"{REAL}, setup returned {r['device']}: return the CPU where there is no GPU")
     return ranks[0]
 
 

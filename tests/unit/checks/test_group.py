@@ -224,7 +224,7 @@ def setup_device_set_everywhere(timeout):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("setup", "at", "message"), [
     (setup_joined_twice, 6, "setup raised ValueError (line {line}): trying to initialize the default process group "
-                            "twice! (in a real run of 2 ranks on this machine (no GPU, torchrun's variables), rank 0)"),
+                            "twice! (in a real run of 2 ranks on this machine (torchrun's variables, no GPU), rank 0)"),
     (setup_four_ranks, 5, "init_process_group was given world_size=4 (line {line}), and torchrun started this rank with "
                           "WORLD_SIZE=2: leave world_size= out under torchrun (env:// reads WORLD_SIZE)"),
     (setup_device_set_everywhere, 2, "setup raised AttributeError (line {line}): module 'torch._C' has no attribute "

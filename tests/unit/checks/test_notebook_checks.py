@@ -370,27 +370,21 @@ def test_all_reduce_names_the_mistake(fn, message):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_a_tensor_left_on_the_cpu_is_named_as_nccl_would_reject_it():
-    """Gloo sums a CPU tensor, NCCL (a GPU node's backend) takes none: the made-up GPU pass names the line and fix."""
-    line = inspect.getsourcelines(reduce_on_the_cpu)[1] + 2
-    with pytest.raises(common.CheckFailed, match=re.escape(
-            f"reduce_on_the_cpu (line {line}) calls dist.all_reduce on a tensor on the CPU, not on `device`: on a GPU "
-            f"node setup joins with nccl, which takes GPU tensors only (torch raises RuntimeError: No backend type "
-            f"associated with device type cpu); create the tensor on the rank's device, torch.tensor(..., "
-            f"device=device)")):
-        group.all_reduce(reduce_on_the_cpu)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_value_taken_from_all_reduce_is_named_with_its_cause():
-    first = inspect.getsourcelines(reduce_returned)[1]
-    with pytest.raises(common.CheckFailed, match=re.escape(
-            f"rank 0: reduce_returned raised AttributeError (line {first + 3}): 'NoneType' object has no attribute "
-            f"'item'; value = dist.all_reduce(...) (line {first + 2}) left value None: all_reduce works in place on "
-            f"the tensor it is given and returns None (a work handle only with async_op=True); call "
-            f"dist.all_reduce(tensor) on a line of its own, then read the tensor")) as err:
-        group.all_reduce(reduce_returned)
+@pytest.mark.parametrize(("fn", "message"), [
+    # Gloo sums a CPU tensor; NCCL, a GPU node's backend, takes none: the made-up GPU pass names the line and the fix
+    (reduce_on_the_cpu, "reduce_on_the_cpu (line {2}) calls dist.all_reduce on a tensor on the CPU, not on `device`: "
+                        "on a GPU node setup joins with nccl, which takes GPU tensors only (torch raises RuntimeError: "
+                        "No backend type associated with device type cpu); create the tensor on the rank's device, "
+                        "torch.tensor(..., device=device)"),
+    (reduce_returned, "rank 0: reduce_returned raised AttributeError (line {3}): 'NoneType' object has no attribute "
+                      "'item'; value = dist.all_reduce(...) (line {2}) left value None: all_reduce works in place on "
+                      "the tensor it is given and returns None (a work handle only with async_op=True); call "
+                      "dist.all_reduce(tensor) on a line of its own, then read the tensor"),
+], ids=["tensor_left_on_the_cpu", "value_taken_from_all_reduce"])
+def test_all_reduce_names_what_a_real_run_rejects_with_its_cause(fn, message):
+    first = inspect.getsourcelines(fn)[1]
+    with pytest.raises(common.CheckFailed, match=re.escape(message.format(*(first + k for k in range(4))))) as err:
+        group.all_reduce(fn)
     assert "\n" not in str(err.value)
 
 

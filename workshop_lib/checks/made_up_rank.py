@@ -124,7 +124,7 @@ def _on_this_machine(setup: Callable) -> dict:
 
 
 def _fakes(seen: dict) -> tuple[dict, list[tuple[object, str, object]]]:
-    """torchrun's variables, and (owner, name, fake) for what :func:`_run_setup` fakes: a node with 2 GPUs seen the
+    """torchrun's variables, and (owner, name, fake) for what :func:`_on_a_gpu_node` fakes: a node with 2 GPUs seen the
     same way through ``torch.cuda`` and ``torch.accelerator``, rank 3 of 4, nothing joined."""
     def init(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, **kw):
         seen["init"] = {"backend": backend, "init_method": init_method, "timeout": timeout, "store": store,
@@ -176,8 +176,9 @@ def _joined(init: dict) -> dict:
     return {"rank": value("rank", "RANK"), "world_size": value("world_size", "WORLD_SIZE")}
 
 
-def _run_setup(setup: Callable) -> dict:
-    """Call ``setup(TIMEOUT)`` as rank 3 of 4 (local rank 1, 2 a node) with 2 GPUs faked; what it called, returned."""
+def _on_a_gpu_node(setup: Callable) -> dict:
+    """Call ``setup(TIMEOUT)`` as rank 3 of 4 (local rank 1, 2 a node) with 2 GPUs faked: what it called and returned;
+    CheckFailed with what is wrong there (:func:`_mistake`)."""
     seen: dict = {"set_device": [], "init": None, "device": None}
     variables, faked = _fakes(seen)
     with contextlib.ExitStack() as fakes:
@@ -194,6 +195,9 @@ def _run_setup(setup: Callable) -> dict:
         except Exception as err:  # the learner's error, said in one line
             raise CheckFailed(f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: "
                               f"{first_line(err, 300)}") from None
+    mistake = _mistake(seen)
+    if mistake:
+        raise CheckFailed(mistake)
     return seen
 
 
@@ -252,15 +256,6 @@ def _mistake(seen: dict) -> str | None:
         return (f"{where}, as local rank {LOCAL_RANK}, setup passed device_id={device_id}{global_rank}: device_id is "
                 f"this process's own GPU, cuda:LOCAL_RANK")
     return None
-
-
-def _on_a_gpu_node(setup: Callable) -> dict:
-    """The made-up GPU node: what setup called there; CheckFailed with what is wrong."""
-    seen = _run_setup(setup)
-    mistake = _mistake(seen)
-    if mistake:
-        raise CheckFailed(mistake)
-    return seen
 
 
 def process_group(setup: Callable) -> None:

@@ -182,8 +182,9 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
         if err.record is not None and (alone := rank_alone(err.record)):
             raise CheckFailed(alone) from None
-        said = err.diagnosis
-        raise CheckFailed(said if "every rank must" in said else f"{said}: {fix}, or the others wait for it") from None
+        diagnosis = err.diagnosis
+        raise CheckFailed(diagnosis if "every rank must" in diagnosis
+                          else f"{diagnosis}: {fix}, or the others wait for it") from None
     except LaunchTimeout:
         if timed_out is not None and (why := timed_out()):
             raise CheckFailed(why) from None

@@ -67,14 +67,14 @@ def _read(env, make_loader: Callable, n: int, epochs: int, per_node: int) -> dic
 
 def _uncollated(make_loader: Callable, loader, err: Exception) -> str | None:
     """A batch that torch's default collate could not stack: the DataLoader was given no collate_fn."""
-    if not isinstance(loader, DataLoader) or loader.collate_fn is not default_collate or not isinstance(err,
-                                                                                                      RuntimeError):
+    if not (isinstance(err, RuntimeError) and isinstance(loader, DataLoader) and loader.collate_fn is default_collate):
         return None
     line = None
-    with contextlib.suppress(OSError, TypeError, SyntaxError):
+    with contextlib.suppress(OSError, TypeError, SyntaxError):  # the DataLoader's line in make_loader's source
         lines, first = inspect.getsourcelines(make_loader)
-        line = next(first + n.lineno - 1 for n in ast.walk(ast.parse(textwrap.dedent("".join(lines))))
-                    if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "DataLoader")
+        line = next((first + n.lineno - 1 for n in ast.walk(ast.parse(textwrap.dedent("".join(lines))))
+                     if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "DataLoader"),
+                    None)
     return (f"the DataLoader{f' (line {line})' if line else ''} has no collate_fn, so torch's default collate stacks "
             f"each batch's molecules as they are, and they differ in length (torch: {first_line(err, 120)}): pass "
             f"collate_fn=collate, which pads each batch to its longest molecule")
@@ -85,7 +85,7 @@ def _measured(reads: dict[int, list[list[int]]], n: int, per_node: int) -> str:
     sizes = sorted({len(r[0]) for r in reads.values()})
     read = [i for r in reads.values() for i in r[0]]
     padded, covered = len(read) - len(set(read)), len(set(read))
-    extra = [f"{padded} padded duplicate{'s' * (padded != 1)}"] * bool(padded) + [f"{n - covered} left out"] * bool(
+    extra = [f"{padded} padded duplicate{'s' * (padded != 1)}"] * bool(padded) + [f"{n - covered} left out"] * (
         covered < n)
     return (f"{len(reads)} ranks ({per_node} a node) x {'-'.join(map(str, sizes))} items, "
             f"{f'all {n}' if covered == n else f'{covered} of {n}'}" + (f" ({', '.join(extra)})" if extra else ""))

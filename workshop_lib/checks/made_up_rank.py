@@ -42,16 +42,17 @@ def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
     """One rank: ``setup(TIMEOUT)`` recorded (also to a file, read if the run is stopped); how it joined."""
     rank = int(os.environ["RANK"])
     os.environ.update(runner._env(rank, port))
-    rec, device, end = Recorder(Path(folder, f"rank{rank}")), None, None
+    rec, device, end, given = Recorder(Path(folder, f"rank{rank}")), None, None, None
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             with recording(rec):
                 device = setup(TIMEOUT)
         except Exception as err:
-            end = said(err, "setup", _given(rec.events, rank) or _with_nccl(rec.events) or _no_gpu(err))
+            given = _given(rec.events, rank)
+            end = said(err, "setup", given or _with_nccl(rec.events) or _no_gpu(err))
     rec.close()
     joined = dist.is_initialized() and end is None
-    return {"rank": rank, "end": end, "device": str(device), "events": rec.events, "joined": joined,
+    return {"rank": rank, "end": end, "given": given, "device": str(device), "events": rec.events, "joined": joined,
             "as": (dist.get_rank(), dist.get_world_size()) if joined else None}
 
 
@@ -106,7 +107,7 @@ def _on_this_machine(setup: Callable) -> dict:
     finally:
         del store
         shutil.rmtree(folder, ignore_errors=True)
-    for r in ranks:
+    for r in sorted(ranks, key=lambda r: r["given"] is None):  # a rank told what contradicts torchrun's first
         if r["end"]:
             raise CheckFailed(f"{r['end']} ({REAL}, rank {r['rank']})")
         if not r["joined"]:

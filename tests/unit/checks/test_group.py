@@ -213,6 +213,16 @@ def setup_four_ranks(timeout):
     return device
 
 
+def setup_local_rank_as_rank(timeout):
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(dist.get_default_backend_for_device(device), rank=int(os.environ["LOCAL_RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=timeout))
+    return device
+
+
 def setup_device_set_everywhere(timeout):
     local_rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local_rank)
@@ -225,12 +235,17 @@ def setup_device_set_everywhere(timeout):
 @pytest.mark.parametrize(("setup", "at", "message"), [
     (setup_joined_twice, 6, "setup raised ValueError (line {line}): trying to initialize the default process group "
                             "twice! (in a real run of 2 ranks on this machine (torchrun's variables, no GPU), rank 0)"),
-    (setup_four_ranks, 5, "init_process_group was given world_size=4 (line {line}), and torchrun started this rank with "
-                          "WORLD_SIZE=2: leave world_size= out under torchrun (env:// reads WORLD_SIZE)"),
+    pytest.param(setup_four_ranks, 5, "init_process_group was given world_size=4 (line {line}), and torchrun started "
+                 "this rank with WORLD_SIZE=2: leave world_size= out under torchrun (env:// reads WORLD_SIZE)",
+                 marks=pytest.mark.slow),  # a join that waits out its 10 s timeout
+    # two nodes of one rank each, as the script checker starts a script: LOCAL_RANK is 0 on both
+    pytest.param(setup_local_rank_as_rank, 5, "init_process_group was given rank=0 (line {line}), and torchrun started "
+                 "this rank with RANK=1: leave rank= out under torchrun (env:// reads RANK) (in a real run of 2 ranks "
+                 "on this machine (torchrun's variables, no GPU), rank 1)", marks=pytest.mark.slow),
     (setup_device_set_everywhere, 2, "setup raised AttributeError (line {line}): module 'torch._C' has no attribute "
                                      "'_cuda_setDevice'; this machine has no GPU: call CUDA only where "
                                      "torch.cuda.is_available()"),
-], ids=["joined_twice", "four_ranks", "set_device_without_gpus"])
+], ids=["joined_twice", "four_ranks", "local_rank_as_rank", "set_device_without_gpus"])
 def test_a_setup_that_a_real_run_rejects_is_named_with_its_cause(setup, at, message):
     if setup is setup_device_set_everywhere and torch.cuda.is_available():
         pytest.skip("torch.cuda.set_device works where there is a GPU")

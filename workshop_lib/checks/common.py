@@ -80,7 +80,30 @@ def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str
     no attribute" raised at ``line`` of ``filename`` (a notebook cell's too: IPython keeps its text in linecache)."""
     from workshop_lib.checks import branches
 
-    return branches.unset_on_rank(_text(filename), line, "AttributeError", message, rank)
+    text = _text(filename)
+    return (branches.unset_on_rank(text, line, "AttributeError", message, rank)
+            or ("NoneType" in message and _collective_result(text, line)) or None)
+
+
+def _collective_result(source: str, line: int) -> str | None:
+    """A name read at ``line`` that holds what a collective returned (``value = dist.all_reduce(value)``): None."""
+    import ast
+
+    from workshop_lib.checks import branches
+    from workshop_lib.debug import collectives
+
+    tree = branches.parse(source)
+    read = set(branches.names_read(source, line))
+    for node in sorted(ast.walk(branches.scope(tree, line)) if tree else (), key=lambda n: -getattr(n, "lineno", 0)):
+        call = node.value if isinstance(node, ast.Assign) and node.lineno < line else None
+        name = getattr(getattr(call, "func", None), "attr", getattr(getattr(call, "func", None), "id", None))
+        targets = {n.id for t in getattr(node, "targets", ()) for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if name in collectives.COLLECTIVES and read & targets and not any(k.arg == "async_op" for k in call.keywords):
+            target = ast.unparse(node.targets[0])
+            return (f"{target} = {ast.unparse(call.func)}(...) (line {node.lineno}) left {target} None: {name} works "
+                    f"in place on the tensor it is given and returns None (a work handle only with async_op=True); "
+                    f"call {ast.unparse(call.func)}(tensor) on a line of its own, then read the tensor")
+    return None
 
 
 def _this_rank() -> int | None:
@@ -104,22 +127,28 @@ def _call(fn: Callable, name: str, *args):
         return fn(*args)
     except CheckFailed:
         raise
-    except NotImplementedError:
-        raise CheckFailed(still_todo(name)) from None
     except Exception as err:
-        if "not been initialized" in str(err):
-            raise CheckFailed(f"{name} looked for a process group, and there is none here (torch: Default process "
-                              f"group has not been initialized)") from None
-        raise CheckFailed(f"{name} raised {raised(err)}") from None
+        raise CheckFailed(said(err, name)) from None
 
 
-def raised(err: Exception) -> str:
-    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause where it is known
-    (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
+def said(err: Exception, name: str, why: str | None = None) -> str:
+    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it);
+    ``why``: the cause, where the caller's record knows it better than torch's words."""
+    if isinstance(err, NotImplementedError):
+        return still_todo(name)
+    if "not been initialized" in str(err):
+        return (f"{name} looked for a process group, and there is none here (torch: Default process group has not "
+                f"been initialized)")
+    return f"{name} raised {raised(err, why)}"
+
+
+def raised(err: Exception, why: str | None = None) -> str:
+    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
+    where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
     from workshop_lib.debug import frames
 
     mine = frames.raised_at(err)  # the innermost line of the learner's code
-    why = torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
+    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
     return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
             + (f"; {why}" if why else ""))
 
@@ -161,21 +190,25 @@ def _text(file: str) -> str:
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
-               hang_after: float | None = None,
-               fix: str = "every rank must call every collective, in the same order") -> list:
-    """``fn(env, *args)`` on ``nprocs`` ranks of :func:`~workshop_lib.lab.forklaunch.notebook_launch`; a failure or
-    a hang (a collective waiting ``hang_after`` s, default :data:`HANG_AFTER`) becomes one line, with ``fix``."""
+               hang_after: float | None = None, fix: str = "every rank must call every collective, in the same order",
+               backend: str | None = "gloo", timed_out: Callable[[], str | None] | None = None) -> list:
+    """``fn(env, *args)`` on ``nprocs`` ranks of :func:`~workshop_lib.lab.forklaunch.notebook_launch` (``backend``
+    None: ``fn(None, *args)`` joins itself); a failure or a hang (a collective waiting ``hang_after`` s, default
+    :data:`HANG_AFTER`) becomes one line, with ``fix``; past ``timeout``, ``timed_out()``'s line where it has one."""
     from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, RanksFailed, notebook_launch
 
     try:
-        return notebook_launch(fn, nprocs, *args, timeout=timeout,
+        return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend,
                                hang_after=HANG_AFTER if hang_after is None else hang_after)
     except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
         if err.record is not None and (alone := rank_alone(err.record)):
             raise CheckFailed(alone) from None
-        said = err.diagnosis
-        raise CheckFailed(said if "every rank must" in said else f"{said}: {fix}, or the others wait for it") from None
+        diagnosis = err.diagnosis
+        raise CheckFailed(diagnosis if "every rank must" in diagnosis
+                          else f"{diagnosis}: {fix}, or the others wait for it") from None
     except LaunchTimeout:
+        if timed_out is not None and (why := timed_out()):
+            raise CheckFailed(why) from None
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:

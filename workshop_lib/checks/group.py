@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Callable
+from unittest import mock
 
-from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, still_todo
+import torch
+import torch.distributed as dist
+
+from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, said, still_todo
 from workshop_lib.checks.recorder import Collectives, Recorder
-from workshop_lib.debug import collectives
-from workshop_lib.errors import first_line
+from workshop_lib.debug import collectives, frames
 
 
 def _record_all_reduce(env, fn: Callable) -> dict:
-    """On one rank: ``fn(device)`` while every dist.all_reduce call is recorded (what it held before and after)."""
+    """On one rank: ``fn(device)`` while every dist.all_reduce call is recorded (what it held before and after); then,
+    if it ended well, where its first collective's tensor lives when ``device`` is not the CPU (:func:`_off_device`)."""
     rec = Recorder()
     try:
         with collectives.observing(Collectives(rec)):
@@ -20,21 +26,46 @@ def _record_all_reduce(env, fn: Callable) -> dict:
         outcome = "ok"
     except NotImplementedError:
         outcome = "todo"
-    except AssertionError as err:
-        outcome = f"assert: {err}"
-    except RuntimeError as err:  # a peer left while this rank waited in a collective
-        outcome = f"error: {first_line(err)}"
+    except Exception as err:  # the learner's line, torch's words and the cause, said here where the error is
+        outcome = said(err, fn.__name__)
     calls = []
     for e in rec.events:
         if e.get("name") == "all_reduce" and e["phase"] == "enter":
             calls.append({"before": e["before"], "op": e["op"] or "SUM", "after": None})  # SUM: the default op
         elif e.get("name") == "all_reduce" and calls:
             calls[-1]["after"] = e["after"]
-    return {"rank": env.rank, "outcome": outcome, "calls": calls}
+    return {"rank": env.rank, "outcome": outcome, "calls": calls, "off": _off_device(fn) if outcome == "ok" else None}
+
+
+class _Stopped(Exception):
+    """The made-up pass ends at the learner's first collective."""
+
+
+def _off_device(fn: Callable) -> dict | None:
+    """What a CPU cannot run: ``fn`` given a device that is not the CPU (a GPU's stand-in, ``meta``), stopped at its
+    first collective; that collective's name and line where its tensor is not on the device given, else None."""
+    device, seen = torch.device("meta"), {}
+
+    def stop(name: str):
+        def collective(*args, **kwargs):
+            tensor = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+            if tensor is not None and tensor.device != device:
+                at = frames.caller(core_is_library=True)
+                seen.update(name=name, line=at.lineno if at else None, device=tensor.device.type)
+            raise _Stopped
+        return collective
+
+    with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
+        for name in (n for n in collectives.COLLECTIVES if hasattr(dist, n)):
+            stack.enter_context(mock.patch.object(dist, name, stop(name)))
+        with contextlib.suppress(Exception):  # _Stopped, or what only a GPU would run
+            fn(device)
+    return seen or None
 
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
-    """``fn(device)`` (the learner's check_all_reduce) on ``nprocs`` ranks: all_reduce(rank + 1) with SUM, 1 + ... + N."""
+    """``fn(device)`` (the learner's check_all_reduce) on ``nprocs`` ranks: all_reduce(rank + 1) with SUM, 1 + ... + N;
+    then the tensor it reduces is on ``device`` (NCCL, on a GPU node, takes no CPU tensor)."""
     ranks = run_forked(_record_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
                        fix="every rank must call dist.all_reduce")
     expected = nprocs * (nprocs + 1) / 2
@@ -57,6 +88,12 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
             raise CheckFailed(f"rank {r['rank']} holds {call['after']} after all_reduce, expected [{expected}]")
         if r["outcome"] != "ok":
             raise CheckFailed(f"rank {r['rank']}: {r['outcome']}")
+    off = ranks[0]["off"]
+    if off is not None:
+        raise CheckFailed(f"{fn.__name__} (line {off['line']}) calls dist.{off['name']} on a tensor on the "
+                          f"{off['device'].upper()}, not on `device`: on a GPU node setup joins with nccl, which takes "
+                          f"GPU tensors only (torch raises RuntimeError: No backend type associated with device type "
+                          f"{off['device']}); create the tensor on the rank's device, torch.tensor(..., device=device)")
     _passed(f"{fn.__name__}: each of {nprocs} ranks contributed rank + 1, all_reduce(SUM) left {expected:g} on every rank")
 
 

@@ -1,25 +1,32 @@
-"""The checks of notebook 02: the shards each made-up rank's loader read (judged as :mod:`shards` judges a run),
-and the predicted replica spread."""
+"""The checks of notebook 02: the shards each rank's loader read, on real ranks at two world sizes (judged as
+:mod:`shards` judges a script's run), and the predicted replica spread."""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import io
 import math
 import os
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 import torch
-import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
 
 from workshop_lib.checks import shards as judged
-from workshop_lib.checks.common import CheckFailed, _call, _passed, is_number, judge_prediction
+from workshop_lib.checks.common import CheckFailed, _passed, is_number, judge_prediction, run_forked, said
 from workshop_lib.checks.recorder import Recorder, passes, recording
 from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.launchenv import launch_variables
+from workshop_lib.errors import first_line
+
+# (ranks, ranks a node): as the script checker runs a script (torchrun --nnodes=2 --nproc_per_node=1: LOCAL_RANK 0
+# on both), then one node of 3: a loader sized for a fixed number of ranks, or placed by a node's numbers, shows
+WORLDS = ((2, 1), (3, 3))
+SEED = 5  # the seed of a second make_loader, which its DistributedSampler must take
 
 
 def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
@@ -33,59 +40,84 @@ def tiny_dataset(n: int, vocab: int = 12) -> TokenizedDataset:
     return data
 
 
-def _as_rank(rank: int, world_size: int, per_node: int) -> contextlib.ExitStack:
-    """This process as made-up ``rank`` of ``world_size``: torchrun's variables, and the group's answers."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.dict(os.environ, launch_variables(rank, world_size, per_node)))
-    for name, fake in (("get_rank", lambda group=None: rank), ("get_world_size", lambda group=None: world_size),
-                       ("is_initialized", lambda: True)):
-        stack.enter_context(mock.patch.object(dist, name, fake))
-    return stack
-
-
-def _read(make_loader: Callable, dataset, rank: int, world_size: int, per_node: int, epochs: int) -> list[dict]:
-    """What one made-up rank's loader read, epoch by epoch (the recorder's events)."""
-    rec = Recorder()
+def _read(env, make_loader: Callable, n: int, epochs: int, per_node: int) -> dict:
+    """On one rank, with torchrun's variables for ``per_node`` ranks a node: what its loader read epoch by epoch (the
+    recorder's events), how make_loader ended (None: well, else the one line), and the seed a second one takes."""
+    os.environ.update(launch_variables(env.rank, env.world_size, per_node))
+    dataset, rec, loader, end, seed = tiny_dataset(n), Recorder(), None, None, None
     rec.splits[id(dataset)] = "train"
-    with _as_rank(rank, world_size, per_node), recording(rec), contextlib.redirect_stdout(io.StringIO()):
-        loader = _call(make_loader, "make_loader", dataset, 2, 0)
-        if not isinstance(loader, torch.utils.data.DataLoader):
-            raise CheckFailed(f"make_loader returned a {type(loader).__name__}, not a DataLoader: return "
-                              f"DataLoader(dataset, batch_size=..., sampler=..., collate_fn=collate)")
-        for epoch in range(epochs):
-            if hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(epoch)
-            for _ in loader:
-                pass
-    return rec.events
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            with recording(rec):
+                loader = make_loader(dataset, 2, 0)
+                if not isinstance(loader, DataLoader):
+                    end = (f"make_loader returned a {type(loader).__name__}, not a DataLoader: return "
+                           f"DataLoader(dataset, batch_size=..., sampler=..., collate_fn=collate)")
+                for epoch in range(epochs if end is None else 0):
+                    if hasattr(loader.sampler, "set_epoch"):
+                        loader.sampler.set_epoch(epoch)
+                    for _ in loader:
+                        pass
+            sampler = make_loader(dataset, 2, SEED).sampler if end is None else None
+            seed = sampler.seed if isinstance(sampler, DistributedSampler) else None
+        except Exception as err:
+            end = _uncollated(make_loader, loader, err) or said(err, "make_loader")
+    return {"events": rec.events, "end": end, "seed": seed}
 
 
-def shards(make_loader: Callable, n: int = 11, world_size: int = 4, per_node: int = 2, epochs: int = 2) -> None:
-    """``make_loader(dataset, batch_size, seed)`` as each of ``world_size`` made-up ranks (``per_node`` a node, nothing
-    joined): disjoint shards, all of the items together, a new order each epoch."""
-    dataset = tiny_dataset(n)
-    ranks = {r: _read(make_loader, dataset, r, world_size, per_node, epochs) for r in range(world_size)}
-    reads = {r: passes(events, "train") for r, events in ranks.items()}
-    found = judged.read_mistake(reads, n, epochs, what="items")
-    if found is not None:
-        kind, measured = found
-        why = judged.cause(kind, ranks, "train", world_size)
-        raise CheckFailed(f"{measured}: {why}" if why else measured)
-    _seed_passed(make_loader, dataset, world_size, per_node)
-    share = math.ceil(n / world_size)
-    padded = share * world_size - n
-    _passed(f"{world_size} ranks ({per_node} a node) x {share} items: disjoint shards covering all {n} ({padded} padded "
-            f"duplicate{'s' * (padded != 1)}), a new order each epoch")
+def _uncollated(make_loader: Callable, loader, err: Exception) -> str | None:
+    """A batch that torch's default collate could not stack: the DataLoader was given no collate_fn."""
+    if not (isinstance(err, RuntimeError) and isinstance(loader, DataLoader) and loader.collate_fn is default_collate):
+        return None
+    line = None
+    with contextlib.suppress(OSError, TypeError, SyntaxError):  # the DataLoader's line in make_loader's source
+        lines, first = inspect.getsourcelines(make_loader)
+        line = next((first + n.lineno - 1 for n in ast.walk(ast.parse(textwrap.dedent("".join(lines))))
+                     if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "DataLoader"),
+                    None)
+    return (f"the DataLoader{f' (line {line})' if line else ''} has no collate_fn, so torch's default collate stacks "
+            f"each batch's molecules as they are, and they differ in length (torch: {first_line(err, 120)}): pass "
+            f"collate_fn=collate, which pads each batch to its longest molecule")
 
 
-def _seed_passed(make_loader: Callable, dataset, world_size: int, per_node: int, seed: int = 5) -> None:
-    """The seed make_loader is given reaches its DistributedSampler (the reads above all used seed 0, its default)."""
-    with _as_rank(0, world_size, per_node), contextlib.redirect_stdout(io.StringIO()):
-        sampler = _call(make_loader, "make_loader", dataset, 2, seed).sampler
-    if isinstance(sampler, torch.utils.data.DistributedSampler) and sampler.seed != seed:
-        raise CheckFailed(f"make_loader(dataset, batch_size, seed={seed}) built its DistributedSampler with "
-                          f"seed={sampler.seed}: pass seed=seed, so that a run's --seed changes the shuffle (the same "
-                          f"on every rank)")
+def _measured(reads: dict[int, list[list[int]]], n: int, per_node: int) -> str:
+    """What the ranks read in the first epoch, said exactly: items a rank, padded duplicates, items left out."""
+    sizes = sorted({len(r[0]) for r in reads.values()})
+    read = [i for r in reads.values() for i in r[0]]
+    padded, covered = len(read) - len(set(read)), len(set(read))
+    extra = [f"{padded} padded duplicate{'s' * (padded != 1)}"] * bool(padded) + [f"{n - covered} left out"] * (
+        covered < n)
+    return (f"{len(reads)} ranks ({per_node} a node) x {'-'.join(map(str, sizes))} items, "
+            f"{f'all {n}' if covered == n else f'{covered} of {n}'}" + (f" ({', '.join(extra)})" if extra else ""))
+
+
+def shards(make_loader: Callable, n: int = 11, epochs: int = 2) -> None:
+    """``make_loader(dataset, batch_size, seed)`` on real ranks at each of :data:`WORLDS`: disjoint shards, all of the
+    items together, a new order each epoch, the seed it is given; the ✓ says what each world size read."""
+    measured = []
+    for world, per_node in WORLDS:
+        ranks = dict(enumerate(run_forked(_read, world, make_loader, n, epochs, per_node, name="make_loader")))
+        events = {r: out["events"] for r, out in ranks.items()}
+        ends = {r: out["end"] for r, out in ranks.items() if out["end"]}
+        if ends:
+            r, end = min(ends.items())
+            why = judged.cause("raised", events, "train", world) if any(
+                e["kind"] == "sampler" for ev in events.values() for e in ev) else ""
+            who = "" if len(ends) == world else f"rank {r} of {world}: "  # every rank: the same mistake
+            raise CheckFailed(f"{who}{end}" + (f"; {why}" if why else ""))
+        reads = {r: passes(ev, "train") for r, ev in events.items()}
+        found = judged.read_mistake(reads, n, epochs, what="items")
+        if found is not None:
+            kind, what = found
+            why = judged.cause(kind, events, "train", world)
+            raise CheckFailed(f"{world} ranks: {what}: {why}" if why else f"{world} ranks: {what}")
+        seed = ranks[0]["seed"]
+        if seed is not None and seed != SEED:
+            raise CheckFailed(f"make_loader(dataset, batch_size, seed={SEED}) built its DistributedSampler with "
+                              f"seed={seed}: pass seed=seed, so that a run's --seed changes the shuffle (the same "
+                              f"on every rank)")
+        measured.append(_measured(reads, n, per_node))
+    _passed(f"{'; '.join(measured)}: disjoint shards, a new order each epoch")
 
 
 def spread_prediction(predicted: float | None, result: dict, path: str | Path | None = None) -> None:

@@ -46,7 +46,7 @@ class HangError(LaunchError):
         self.diagnosis, self.record = diagnosis, record
 
 
-def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: float | None, log_dir: str, *args):
+def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_after: float | None, log_dir: str, *args):
     """What each rank runs: its output to its own log, join the group, ``fn(env, *args)`` (bytes: spawned, by value)."""
     # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
     # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
@@ -77,10 +77,12 @@ def _rank_main(fn: Callable | bytes, backend: str, timeout: float, hang_after: f
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
     if loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-    store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
-    env = joining.join(backend, timeout, store=store)
-    if hang_after is not None:  # a collective waiting this long: the watch writes who never arrived into the log
-        hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))
+    env = None  # backend None: fn joins a group itself (a learner's setup, through torchrun's variables)
+    if backend is not None:
+        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
+        env = joining.join(backend, timeout, store=store)
+    if hang_after is not None and backend is not None:  # a collective waiting this long: the watch writes who never
+        hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))  # arrived
     try:
         result = fn(env, *args)
         if shipped:  # by value: a class defined in the notebook comes back as that class
@@ -131,13 +133,14 @@ def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, st
     return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
 
 
-def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str = "gloo",
+def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str | None = "gloo",
                     hang_after: float | None = None, group_timeout: float | None = None) -> list:
     """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order, and show rank 0's output.
 
     A failure raises a LaunchError, a line per failed rank and the file with every rank's output; the stop button
     stops every rank. ``hang_after``: seconds a collective may wait before the hang watch names the rank that never
     came (a HangError). ``group_timeout``: the process group's own timeout, if it is to end a hang first.
+    ``backend=None``: the ranks join no group, and ``fn(None, *args)`` joins one itself (no hang watch then).
     """
     import torch
 

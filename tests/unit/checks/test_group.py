@@ -1,11 +1,14 @@
-"""checks.made_up_rank.process_group: the learner's setup(timeout) as rank 3 of 4 (local rank 1) on a 2-GPU node and a CPU.
+"""checks.made_up_rank.process_group: the learner's setup(timeout) joined for real by 2 ranks on this machine (CPU,
+Gloo, torchrun's variables), then as rank 3 of 4 (local rank 1) on a made-up 2-GPU node, where init_process_group is
+observed, not called.
 
-Every textbook form passes (env://, with or without timeout=, device_id= this process's GPU); each wrong one is
-named. Nothing is joined: init_process_group is observed, not called.
+Every textbook form that a real run here accepts passes (env://, with or without timeout=, device_id= this
+process's GPU); each wrong one is named, a real run's mistake with torch's own error, its line and the fix.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from datetime import timedelta
@@ -112,14 +115,24 @@ def setup_mapping(timeout):
     return device
 
 
-@pytest.mark.parametrize("setup", [setup_accelerator, setup_accelerator_device_id, setup_no_backend,
-                                   setup_backend_per_device, setup_mapping])
+@pytest.mark.parametrize("setup", [setup_accelerator, setup_accelerator_device_id, setup_no_backend, setup_mapping])
 def test_every_form_of_the_torch_docs_passes(setup, capsys):
     made_up_rank.process_group(setup)
     out = capsys.readouterr().out
     assert out.startswith("\N{CHECK MARK} setup: NCCL on cuda:1 as local rank 1 of a node with 2 GPUs")
     given = setup in (setup_accelerator_device_id, setup_mapping)
     assert ("device_id=cuda:1 given (optional:" if given else "no device_id (optional: with it NCCL connects") in out
+
+
+def test_a_backend_per_device_naming_nccl_is_what_a_real_run_without_nccl_rejects():
+    """torch's docs' "cpu:gloo,cuda:nccl": init_process_group builds NCCL too, and this torch (CPU only) has none, so
+    torchrun here would fail; the check says so with torch's words, the line and the fix."""
+    line = inspect.getsourcelines(setup_backend_per_device)[1] + 5
+    with pytest.raises(common.CheckFailed, match=re.escape(
+            f"setup raised RuntimeError (line {line}): Distributed package doesn't have NCCL built in; "
+            "init_process_group builds every backend of 'cpu:gloo,cuda:nccl', NCCL too, which needs GPUs and a torch "
+            'built with NCCL: where there is no GPU pass "gloo", or leave the backend out')):
+        made_up_rank.process_group(setup_backend_per_device)
 
 
 def test_a_backend_hard_coded_for_one_device_names_the_rule_not_the_other_backend():
@@ -151,8 +164,8 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
     ([("        torch.cuda.set_device(device)\n", "")],
      "as local rank 1 on a node with 2 GPUs, setup never called torch.cuda.set_device"),
     ([(CPU_INIT, CPU_INIT.replace('"gloo"', '"nccl"'))],
-     "on a machine without GPUs setup joined with backend 'nccl', which has no gloo for cpu tensors: join with the "
-     "backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo on a CPU)"),
+     "setup raised RuntimeError (line {cpu_init}): Distributed package doesn't have NCCL built in; nccl needs GPUs: use "
+     "gloo on CPU (dist.get_default_backend_for_device picks it) (in a real run of 2 ranks on this machine"),
     ([(GPU_INIT, GPU_INIT.replace('"nccl",', '"gloo",'))],
      "on a node with 2 GPUs setup joined with backend 'gloo', which has no nccl for cuda tensors: join with the "
      "backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo on a CPU)"),
@@ -166,13 +179,82 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
     ([(CPU_INIT, "        raise NotImplementedError\n")],
      "setup still raises NotImplementedError: fill in its TODO"),
     ([(GPU_INIT, '        dist.init_process_group("nccl", timeout=timeout, device_id=device)\n')],
-     "setup passed init_process_group timeout=30.0, a float: torch raises TypeError there; init_process_group's "
+     "setup passed init_process_group timeout=10.0, a float: torch raises TypeError there; init_process_group's "
      "timeout is a datetime.timedelta, not a number: timeout=timedelta(seconds=...)"),
 ], ids=["local_rank_as_rank", "device_of_the_global_rank", "no_set_device", "nccl_without_gpus", "gloo_on_gpus",
         "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo", "timeout_in_seconds"])
 def test_a_wrong_setup_is_named(edits, message):
-    with pytest.raises(common.CheckFailed, match=re.escape(message)):
+    text = (REPO / "solutions" / "step1_process_group.py").read_text()
+    cpu_init = text[:text.index(CPU_INIT)].count("\n") + 1
+    with pytest.raises(common.CheckFailed, match=re.escape(message.format(cpu_init=cpu_init))):
         made_up_rank.process_group(setup_with(*edits))
+
+
+# Setups that a real run of 2 ranks on this machine rejects (torchrun --standalone --nproc_per_node=2 here), each
+# passed by the check when it ran setup as a made-up rank: the check now names torch's own error, the line, the fix.
+
+def setup_joined_twice(timeout):
+    dist.init_process_group("gloo")  # to read the rank early
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(dist.get_default_backend_for_device(device), timeout=timedelta(seconds=timeout))
+    return device
+
+
+def setup_four_ranks(timeout):
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(dist.get_default_backend_for_device(device), rank=int(os.environ["RANK"]), world_size=4,
+                            timeout=timedelta(seconds=timeout))
+    return device
+
+
+def setup_local_rank_as_rank(timeout):
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(dist.get_default_backend_for_device(device), rank=int(os.environ["LOCAL_RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=timeout))
+    return device
+
+
+def setup_device_set_everywhere(timeout):
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    dist.init_process_group(dist.get_default_backend_for_device(device), timeout=timedelta(seconds=timeout))
+    return device
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("setup", "at", "message"), [
+    (setup_joined_twice, 6, "setup raised ValueError (line {line}): trying to initialize the default process group "
+                            "twice! (in a real run of 2 ranks on this machine (torchrun's variables, no GPU), rank 0)"),
+    pytest.param(setup_four_ranks, 5, "init_process_group was given world_size=4 (line {line}), and torchrun started "
+                 "this rank with WORLD_SIZE=2: leave world_size= out under torchrun (env:// reads WORLD_SIZE)",
+                 marks=pytest.mark.slow),  # a join that waits out its 10 s timeout
+    # two nodes of one rank each, as the script checker starts a script: LOCAL_RANK is 0 on both
+    pytest.param(setup_local_rank_as_rank, 5, "init_process_group was given rank=0 (line {line}), and torchrun started "
+                 "this rank with RANK=1: leave rank= out under torchrun (env:// reads RANK) (in a real run of 2 ranks "
+                 "on this machine (torchrun's variables, no GPU), rank 1)", marks=pytest.mark.slow),
+    (setup_device_set_everywhere, 2, "setup raised AttributeError (line {line}): module 'torch._C' has no attribute "
+                                     "'_cuda_setDevice'; this machine has no GPU: call CUDA only where "
+                                     "torch.cuda.is_available()"),
+], ids=["joined_twice", "four_ranks", "local_rank_as_rank", "set_device_without_gpus"])
+def test_a_setup_that_a_real_run_rejects_is_named_with_its_cause(setup, at, message):
+    if setup is setup_device_set_everywhere and torch.cuda.is_available():
+        pytest.skip("torch.cuda.set_device works where there is a GPU")
+    if setup is setup_device_set_everywhere and torch.backends.cuda.is_built():
+        message = message.split("'; ")[1]  # a CUDA build without GPUs words torch's error its own way
+    line = inspect.getsourcelines(setup)[1] + at
+    with pytest.raises(common.CheckFailed, match=re.escape(message.format(line=line))) as err:
+        made_up_rank.process_group(setup)
+    assert "\n" not in str(err.value)
 
 
 def test_the_notebooks_reach_the_script_check_and_setups_through_the_facade():

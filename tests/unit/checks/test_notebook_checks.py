@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from workshop_lib.checks import common, ddp, group, sampler
 from workshop_lib.data import collate
 
-# ------------------------------------------------------------------ 02: shards (in-process, 4 made-up ranks)
+# ------------------------------------------------------------------ 02: shards (real ranks: 2, one a node, then 3)
 
 def loader_ok(dataset, batch_size, seed):
     sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
@@ -80,6 +80,69 @@ def loader_sampler_on_rank0(dataset, batch_size, seed):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
 
 
+def loader_for_two(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, num_replicas=2, shuffle=True, seed=seed)  # this laptop's 2 ranks
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+
+
+def loader_for_four(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, num_replicas=4, rank=dist.get_rank(), shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+
+
+def loader_without_collate(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
+
+
+def loader_drop_last(dataset, batch_size, seed):
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+
+
+def _line(fn, text: str) -> int:
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.timeout(120)
+def test_a_sampler_sized_for_a_fixed_number_of_ranks_is_named_at_another_world_size():
+    """num_replicas=2 is right at 2 ranks; at 3, rank 2 gets torch's "Invalid rank 2": its line, the cause, the fix."""
+    line = _line(loader_for_two, "DistributedSampler(")
+    with pytest.raises(common.CheckFailed, match=re.escape(
+            f"rank 2 of 3: make_loader raised ValueError (line {line}): Invalid rank 2, rank should be in the interval "
+            f"[0, 1]; rank 0's DistributedSampler (line {line}) splits the data into 2 shard(s) (num_replicas=2), but 3 "
+            f"ranks train: leave num_replicas out (the group's size) or pass dist.get_world_size()")) as err:
+        sampler.shards(loader_for_two)
+    assert "\n" not in str(err.value)
+    with pytest.raises(common.CheckFailed, match=re.escape(
+            f"2 ranks: in epoch 1 the ranks read 6 of the 11 items together: rank 0's DistributedSampler (line "
+            f"{_line(loader_for_four, 'DistributedSampler(')}) splits the data into 4 shard(s) (num_replicas=4), but 2 "
+            f"ranks train")):
+        sampler.shards(loader_for_four)
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_without_collate_fn_is_named_at_its_dataloader():
+    with pytest.raises(common.CheckFailed, match=re.escape(
+            f"the DataLoader (line {_line(loader_without_collate, 'DataLoader(')}) has no collate_fn, so torch's default "
+            f"collate stacks each batch's molecules as they are, and they differ in length (torch: stack expects each "
+            f"tensor to be equal size")) as err:
+        sampler.shards(loader_without_collate)
+    assert str(err.value).endswith("): pass collate_fn=collate, which pads each batch to its longest molecule")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_the_tick_says_what_drop_last_left_out(capsys):
+    """drop_last=True: 5 items a rank and 1 left out at 2 ranks, 3 and 2 at 3; no padded duplicate."""
+    sampler.shards(loader_drop_last)
+    assert capsys.readouterr().out == ("\N{CHECK MARK} 2 ranks (1 a node) x 5 items, 10 of 11 (1 left out); 3 ranks "
+                                       "(3 a node) x 3 items, 9 of 11 (2 left out): disjoint shards, a new order each "
+                                       "epoch\n")
+
+
+@pytest.mark.timeout(120)
 def test_a_name_set_on_rank_0_alone_is_named_where_rank_1_reads_it():
     first = inspect.getsourcelines(loader_sampler_on_rank0)[1]
     with pytest.raises(common.CheckFailed, match=re.escape(
@@ -93,21 +156,24 @@ def loader_todo(dataset, batch_size, seed):
     raise NotImplementedError("fill in the TODO above")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("make", [loader_ok, loader_told_its_place])
 def test_shards_pass_and_say_what_was_read(make, capsys):
     sampler.shards(make)
-    assert capsys.readouterr().out == ("\N{CHECK MARK} 4 ranks (2 a node) x 3 items: disjoint shards covering all 11 "
-                                       "(1 padded duplicate), a new order each epoch\n")
+    assert capsys.readouterr().out == ("\N{CHECK MARK} 2 ranks (1 a node) x 6 items, all 11 (1 padded duplicate); "
+                                       "3 ranks (3 a node) x 4 items, all 11 (1 padded duplicate): disjoint shards, a "
+                                       "new order each epoch\n")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(("make", "message"), [
-    (loader_local_rank, "in epoch 1 ranks 0 and 2 read 3 of the same items (together 6 of 11): ranks 0 and 2 all "
-                        "built their DistributedSampler with rank=0 (line {line}), their local rank"),
+    (loader_local_rank, "2 ranks: in epoch 1 ranks 0 and 1 read 6 of the same items (together 6 of 11): ranks 0 and "
+                        "1 all built their DistributedSampler with rank=0 (line {line}), their local rank"),
     (loader_one_replica, "in epoch 1 every rank read all 11 items: rank 0's DistributedSampler (line {line}) splits the "
-                         "data into 1 shard(s) (num_replicas=1), but 4 ranks train"),
+                         "data into 1 shard(s) (num_replicas=1), but 2 ranks train"),
     (loader_no_shuffle, "epoch 2 read the same items in the same order as epoch 1 on every rank: the "
                         "DistributedSampler was built with shuffle=False (line {line}): pass shuffle=True"),
-    (loader_per_rank_seed, "the samplers' seeds differ (rank 0: 0, rank 1: 1, rank 2: 2, rank 3: 3, line {line})"),
+    (loader_per_rank_seed, "the samplers' seeds differ (rank 0: 0, rank 1: 1, line {line})"),
     (loader_no_sampler, "in epoch 1 every rank read all 11 items: no DistributedSampler was built over the data"),
     (loader_sampler_aside, "in epoch 1 every rank read all 11 items: the DistributedSampler built at line {line} is not "
                            "the one the DataLoader draws from (it draws from a RandomSampler)"),
@@ -287,6 +353,18 @@ def reduce_rank_only(device):
     dist.all_reduce(value)
 
 
+def reduce_on_the_cpu(device):
+    value = torch.tensor([dist.get_rank() + 1.0])  # device= left out
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    assert value.item() == 3.0
+
+
+def reduce_returned(device):
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    value = dist.all_reduce(value)
+    assert value.item() == 3.0
+
+
 def reduce_never(device):
     torch.tensor([dist.get_rank() + 1.0], device=device)
 
@@ -329,6 +407,26 @@ def test_all_reduce_passes(capsys):
 def test_all_reduce_names_the_mistake(fn, message):
     with pytest.raises(common.CheckFailed, match=message):
         group.all_reduce(fn)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("fn", "message"), [
+    # Gloo sums a CPU tensor; NCCL, a GPU node's backend, takes none: the made-up GPU pass names the line and the fix
+    (reduce_on_the_cpu, "reduce_on_the_cpu (line {2}) calls dist.all_reduce on a tensor on the CPU, not on `device`: "
+                        "on a GPU node setup joins with nccl, which takes GPU tensors only (torch raises RuntimeError: "
+                        "No backend type associated with device type cpu); create the tensor on the rank's device, "
+                        "torch.tensor(..., device=device)"),
+    (reduce_returned, "rank 0: reduce_returned raised AttributeError (line {3}): 'NoneType' object has no attribute "
+                      "'item'; value = dist.all_reduce(...) (line {2}) left value None: all_reduce works in place on "
+                      "the tensor it is given and returns None (a work handle only with async_op=True); call "
+                      "dist.all_reduce(tensor) on a line of its own, then read the tensor"),
+], ids=["tensor_left_on_the_cpu", "value_taken_from_all_reduce"])
+def test_all_reduce_names_what_a_real_run_rejects_with_its_cause(fn, message):
+    first = inspect.getsourcelines(fn)[1]
+    with pytest.raises(common.CheckFailed, match=re.escape(message.format(*(first + k for k in range(4))))) as err:
+        group.all_reduce(fn)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.slow

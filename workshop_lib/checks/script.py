@@ -1,20 +1,22 @@
-"""Check a learner's step script: run it on 2 ranks, judge what the run did, name the first mistake in one line.
+"""Check a DDP script: run it on 2 ranks, judge what the run did, name the first mistake in one line.
 
-    python -m workshop_lib.check runs/mine/step2_sampler.py    # a file (its step from its name, or --step N)
+    python -m workshop_lib.check runs/mine/step2_sampler.py    # a workshop step (its step from its name, or --step N)
     python -m workshop_lib.check --step 3                      # runs/mine/step3_*.py, else exercises/step3_*_todo.py
     python -m workshop_lib.check --all                         # a table: every step, done / wrong / not started
     python -m workshop_lib.check --all --dir solutions         # the same for the scripts of another folder
+    python -m workshop_lib.check train.py 4 2 --batch_size 32  # any DDP script, its own arguments after it
 
-Each script runs on two single-process "nodes" (Gloo, 200 molecules, 2 epochs; :mod:`runner`), judged by a few
-invariants over what the run recorded (:mod:`rules`, one table); step 4 also resumes (:mod:`resume`); then ``setup``
-as rank 3 of 4 on a node with 2 GPUs (:mod:`made_up_rank`). A ✓ line and exit code 0 when everything measured
-holds, else ✗ and 1.
+Each script runs on two single-process "nodes" (Gloo; :mod:`runner`) as ``python script.py`` would run it, judged by
+invariants over what the run recorded (:mod:`rules`, one table). A workshop step runs with 200 molecules and 2
+epochs and is judged by every rule of its step; step 4 also resumes (:mod:`resume`); then ``setup`` runs as rank 3
+of 4 on a node with 2 GPUs (:mod:`made_up_rank`). Any other script runs with its own arguments, in this folder, and
+is judged by the rules that hold for any DDP script. A ✓ line and exit code 0 when everything measured holds, else
+✗ and 1; a file that is not a Python script, one line and 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import re
 import tempfile
 from collections.abc import Sequence
@@ -23,6 +25,7 @@ from pathlib import Path
 from workshop_lib.checks import resume, rules, runner
 from workshop_lib.checks.common import CheckFailed, _passed
 from workshop_lib.checks.made_up_rank import on_a_gpu_node
+from workshop_lib.checks.recorder import passes
 from workshop_lib.errors import WorkshopError
 from workshop_lib.lab import scripts
 from workshop_lib.paths import lab_root
@@ -36,15 +39,37 @@ MINE = lab_root() / scripts.MINE  # the learner's versions (scripts.write_script
 EXERCISES = lab_root() / "exercises"
 
 
-def step_of(path: Path, step: int | None = None) -> int:
+def step_of(path: Path, step: int | None = None) -> int | None:
+    """The workshop step: ``step`` as given, else from a name stepN_*.py; None for any other script."""
     if step is not None:
         if step not in STEPS:
             raise WorkshopError(f"--step {step} has no script check; use one of {sorted(STEPS)}")
         return step
-    m = re.search(r"step(\d)", Path(path).name)
-    if not m or int(m.group(1)) not in STEPS:
-        raise WorkshopError(f"cannot tell the step of {path} from its name; pass --step N (one of {sorted(STEPS)})")
-    return int(m.group(1))
+    m = re.fullmatch(r"step(\d)_\w*\.py", Path(path).name)
+    return int(m.group(1)) if m and int(m.group(1)) in STEPS else None
+
+
+def refused(path: Path) -> str | None:
+    """Why ``path`` cannot be run as a Python script, in one line (missing, binary, another language, a syntax
+    error); None if it compiles."""
+    if not path.is_file():
+        return f"{path}: no such file; pass the path of a Python script"
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{path.name} is not a Python script (binary data, not text): pass the .py file that trains"
+    first = text.splitlines()[0] if text else ""
+    if first.startswith("#!") and "python" not in first:
+        return (f"{path.name} is not a Python script (its first line, {first}, runs another program): pass the .py "
+                f"file it starts, with its arguments")
+    try:
+        compile(text, str(path), "exec")
+    except (SyntaxError, ValueError) as err:
+        where = f":{err.lineno}" if getattr(err, "lineno", None) else ""
+        kind = "" if path.suffix == ".py" else " (is it a Python script?)"
+        return f"{path.name}{where}: {getattr(err, 'msg', str(err))}{kind}; fix the syntax"
+    return None
 
 
 def default_script(step: int, folder: Path | None = None) -> Path:
@@ -67,18 +92,23 @@ def _run(path: Path, work: Path, name: str, epochs: int) -> runner.Run:
     return runner.run(runner.Item(path, [*ARGS, "--epochs", str(epochs), "--out", str(work / name)], work / name))
 
 
-def judge(path: Path, step: int, work: Path) -> tuple[str, str]:
-    """('done' | 'wrong', one line): the script's run judged; step 4 resumed only when that run holds."""
+def judge(path: Path, step: int | None, work: Path, argv: Sequence[str] = ()) -> tuple[str, str]:
+    """('done' | 'wrong', one line): the script's run judged; step 4 resumed only when that run holds. A script that
+    is not a workshop step (``step`` None) runs with ``argv`` in this folder."""
     work.mkdir(parents=True)
-    run = _run(path, work, "out", EPOCHS)
+    if step is None:
+        run = runner.run(runner.Item(path, list(argv), work / "out", cwd=Path.cwd()))
+    else:
+        run = _run(path, work, "out", EPOCHS)
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
-    case = rules.Case(run, step, EPOCHS, path.read_text(), path.name, rules.read_metrics(work / "out"))
+    epochs = EPOCHS if step is not None else max((len(passes(ev, "train")) for ev in run.ranks.values()), default=0)
+    case = rules.Case(run, step, epochs, path.read_text(), path.name, rules.read_metrics(work / "out"))
     message = rules.first_mistake(case)
     if message is None and step == 4:
         message = resume.mistake(case, work, lambda name: _run(path, work, name, resume.EPOCHS))
-    if message is None:
+    if message is None and step is not None:
         message = on_a_gpu_node(path)
     if message is not None:
         return "wrong", f"{path.name}: {message}"
@@ -90,25 +120,23 @@ def judge(path: Path, step: int, work: Path) -> tuple[str, str]:
     return "done", f"{path.name}: {line}"
 
 
-def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = None) -> list[tuple[str, str]]:
-    """('done' | 'wrong' | 'not started', one line) for each script."""
+def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = None,
+                  argv: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """('done' | 'wrong' | 'not started' | 'refused', one line) for each script; ``argv``: the arguments of a script
+    that is not a workshop step."""
     paths = [Path(p) for p in paths]
     steps = list(steps or [None] * len(paths))
     results: list[tuple[str, str] | None] = [None] * len(paths)
     for i, path in enumerate(paths):
-        if not path.is_file():
-            raise WorkshopError(f"script {path} not found; pass the path of your step script (runs/mine/stepN_*.py)")
         steps[i] = step_of(path, steps[i])
-        if not_started(path, steps[i]):
+        why = refused(path)
+        if why:
+            results[i] = ("refused" if not path.is_file() or path.suffix != ".py" else "wrong", why)
+        elif steps[i] is not None and not_started(path, steps[i]):
             results[i] = ("not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)")
-            continue
-        try:
-            ast.parse(path.read_text())
-        except SyntaxError as err:
-            results[i] = ("wrong", f"{path.name} line {err.lineno}: {err.msg}; fix the syntax")
     with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
         for i in (i for i, r in enumerate(results) if r is None):
-            results[i] = judge(paths[i], steps[i], Path(tmp) / f"script{i}")
+            results[i] = judge(paths[i], steps[i], Path(tmp) / f"script{i}", argv)
     return results  # type: ignore[return-value]
 
 
@@ -131,9 +159,19 @@ def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str
             *(f"{step:<7} {shown:<{width}}  {status:<11} {why}".rstrip() for step, shown, status, why in rows)]
 
 
+def not_a_step(path: Path) -> str:
+    """What the check of a script that is not a workshop step judges, and what it leaves to one."""
+    return (f"{path.name} is not a workshop step (no --step, its name is not stepN_*.py): judged by the rules for any "
+            f"DDP script (the same collectives on every rank, a DistributedSampler and set_epoch, replicas equal, "
+            f"global rank 0 writing the files, teardown); metrics.json, the logged figures, rank 0's evaluation and "
+            f"step 4's resume need a workshop step")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workshop_lib.check", description=__doc__.splitlines()[0])
-    p.add_argument("script", nargs="?", type=Path, help="your step script (default: runs/mine/stepN_*.py)")
+    p = argparse.ArgumentParser(prog="python -m workshop_lib.check", description=__doc__.splitlines()[0],
+                                usage="%(prog)s [--step N | --all [--dir DIR]] [SCRIPT [ARGS ...]]")
+    p.add_argument("script", nargs="?", type=Path, help="the script (default: runs/mine/stepN_*.py)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments, passed to it unchanged")
     p.add_argument("--step", type=int, help="the step the script is (default: from its name)")
     p.add_argument("--all", action="store_true", help="check every step's script; print a table")
     p.add_argument("--dir", type=Path, help="with --all or --step: the folder of the scripts (default: runs/mine, "
@@ -147,9 +185,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.script is None and args.step is None:
         raise WorkshopError("nothing to check; pass your script's path, --step N, or --all")
     path = args.script or default_script(step_of(Path("."), args.step), args.dir)
-    status, line = check_scripts([path], [args.step])[0]
+    if args.args and step_of(path, args.step) is not None:
+        raise WorkshopError(f"a workshop step runs with the checker's own arguments; leave out {' '.join(args.args)}")
+    if step_of(path, args.step) is None and not refused(path):
+        print(not_a_step(path), flush=True)
+    status, line = check_scripts([path], [args.step], args.args)[0]
     print(f"{TICK if status == 'done' else CROSS} {line}", flush=True)
-    return 0 if status == "done" else 1
+    return {"done": 0, "refused": 2}.get(status, 1)
 
 
 def _exit_with_verdict(argv: Sequence[str] | None = None) -> None:

@@ -471,7 +471,7 @@ def test_evaluated_wants_rank_0_alone_on_the_whole_dev_set(run, expected):
     (changed({"kind": "save"}, drop=True), "nothing was saved with torch.save"),
 ], ids=["both", "rank_1", "the_wrapper", "nothing"])
 def test_the_files_are_one_of_plain_weights_from_rank_0(run, expected):
-    assert rules.files(case(run)).startswith(expected)
+    assert first(case(run)).startswith(expected)
 
 
 def test_the_logged_loss_is_checked_against_every_ranks_batches():
@@ -485,7 +485,7 @@ def test_the_logged_loss_is_checked_against_every_ranks_batches():
     own["history"][0]["train_loss"] = 0.8
     assert rules.summed(case(maxed, metrics=own)).endswith(
         f"the totals were all-reduced with op=MAX (line {TOTALS}); sum them (ReduceOp.SUM)")
-    assert rules.files(case(metrics=None)).startswith("rank 0 wrote no metrics.json")
+    assert rules.workshop_files(case(metrics=None)).startswith("rank 0 wrote no metrics.json")
 
 
 def test_a_count_averaged_by_the_all_reduce_is_named_with_its_line():

@@ -58,7 +58,8 @@ def _small(tensor) -> list | None:
 class Recorder:
     """One rank's events, in order; with a ``prefix``, also appended to PREFIX.jsonl (and PREFIX.params) as they happen."""
 
-    def __init__(self, prefix: str | Path | None = None):
+    def __init__(self, prefix: str | Path | None = None, reads: int = 0):
+        self.reads = reads  # > 0: a probe of the data alone, ended after this many passes over the training split
         self.events: list[dict] = []
         self._file = open(f"{prefix}.jsonl", "a", buffering=1) if prefix else None  # noqa: SIM115 (closed in close)
         self._params = open(f"{prefix}.params", "ab") if prefix else None  # noqa: SIM115
@@ -229,7 +230,22 @@ def _getitem(rec: Recorder, dataset, i) -> None:
         rec.fetched.setdefault(split, []).append(int(i))
 
 
-def _loader_iter(rec: Recorder, loader) -> None:
+def _loader_iter(rec: Recorder, real):
+    """A pass starts: recorded; in a probe of the data (``rec.reads``), a training pass is read from the loader's
+    sampler at once and left empty, and the rank ends after ``rec.reads`` of them."""
+    def observe(loader):
+        _pass(rec, loader)
+        if not rec.reads or rec.split_of(loader.dataset) != "train" or loader.batch_sampler is None:
+            return real(loader)
+        rec.fetched.setdefault("train", []).extend(int(i) for batch in loader.batch_sampler for i in batch)
+        if rec.passes["train"] >= rec.reads:
+            rec.flush_fetched()
+            raise SystemExit(0)  # what the data rules need is recorded
+        return iter(())
+    return observe
+
+
+def _pass(rec: Recorder, loader) -> None:
     split = rec.split_of(loader.dataset) or (rec.name_split(loader.dataset) if torch.is_grad_enabled() else None)
     if split is not None:
         rec.flush_fetched()
@@ -354,7 +370,7 @@ OBSERVED = (
     (data, "load_splits", _load_splits),  # which dataset object is each split, and a fingerprint of each
     (data.TokenizedDataset, "__getitem__", _before(_getitem)),  # each index fetched, per pass over a loader
     (DataLoader, "__init__", _loader_init),  # where each loader was built, and whether it was given a collate_fn
-    (DataLoader, "__iter__", _before(_loader_iter)),  # a pass starts: the loader's sampler
+    (DataLoader, "__iter__", _loader_iter),  # a pass starts: the loader's sampler
     (DistributedSampler, "__init__", _sampler_init),  # the arguments as given, the values the sampler resolved
     (DistributedSampler, "set_epoch", _before(_set_epoch)),
     (dist, "init_process_group", _init),

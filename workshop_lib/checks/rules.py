@@ -29,7 +29,8 @@ EVERY_COLLECTIVE = "every rank must call every collective, in the same order, or
 class Case:
     """One run to judge: the records, the workshop step (None: a script that is not one, judged by the rules for any
     DDP script), the script's text, rank 0's metrics.json if it wrote one, and ``rerun``: only how the run went is
-    judged (step 4's resumed and uninterrupted runs)."""
+    judged (step 4's resumed and uninterrupted runs); ``reads``: a probe of the data alone (:mod:`runner`'s ``reads``),
+    judged by the data rules."""
 
     run: Run
     step: int | None
@@ -38,6 +39,7 @@ class Case:
     name: str = "script.py"
     metrics: dict | None = None
     rerun: bool = False
+    reads: bool = False  # a probe of the data alone at another world size: only the data rules are judged
 
     @property
     def ranks(self) -> dict[int, list[dict]]:
@@ -341,9 +343,11 @@ def same_collectives(case: Case) -> str | None:
         if found:
             alone = [q for q, c in at.items() if (c.get("name"), c["line"]) == (call.get("name"), call["line"])]
             line, if_line, test = found
+            deadlock = (f": a barrier that rank {_and(alone)} alone reaches waits for ranks that never call it, a "
+                        f"deadlock;" if call.get("name") == "barrier" else ", called by rank " + _and(alone) +
+                        " alone:")
             return (f"the ranks' collectives first differ: {each}; line {line} runs under `if {test}:` (line "
-                    f"{if_line}), called by rank {_and(alone)} alone: call it on every rank, or move it out of the "
-                    f"block")
+                    f"{if_line}){deadlock} call it on every rank, or move it out of the block")
     waited = f", while {_waited(case, stuck)}" if stuck or case.run.hang else ""
     epochs = {r: len(passes(ev, "train")) for r, ev in case.ranks.items()}
     early = [r for r, n in sorted(epochs.items())  # in the loop, then out of it before the others, or before its end
@@ -403,8 +407,8 @@ def crashed(case: Case) -> str | None:
     """Every rank ran to the end. A rank that raised (not a peer that lost contact with it): torch's words, and the
     learner's line that set it up where the record or the text shows one."""
     for rank, events in sorted(case.ranks.items()):
-        if how(events) != "error":
-            continue
+        if how(events) != "error" or (case.reads and _of(events, "pass", split="train")):
+            continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)
         said = f"rank {rank} raised {e['error']}{_at(e, 'at')}: {e['message']}".rstrip(":")
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
@@ -596,23 +600,26 @@ RUN, ANY = "run", "any"  # a rule's scope: every run, resumed ones too; any DDP 
 class Rule:
     holds: str  # the invariant, in words
     judge: Callable[[Case], str | None]
-    scope: str | tuple[int, ...] = RUN  # RUN, ANY, or the workshop steps whose finished runs it judges
+    scope: str | tuple[int | None, ...] = RUN  # RUN, ANY, or the steps whose finished runs it judges (None: any script)
+    data: bool = False  # judged on a probe of the data alone, at another world size
 
     def applies(self, case: Case) -> bool:
+        if case.reads and not self.data:
+            return False
         return self.scope == RUN or (not case.rerun and (self.scope == ANY or case.step in self.scope))
 
 
 ALL, DDP = (1, 2, 3, 4), (3, 4)
 RULES = (
-    Rule("every rank runs the script it was given, every TODO filled", started),
-    Rule("every rank joins one group, as its own rank, with the backend of its device", joined),
+    Rule("every rank runs the script it was given, every TODO filled", started, data=True),
+    Rule("every rank joins one group, as its own rank, with the backend of its device", joined, data=True),
     Rule("an all-reduce leaves every rank the sum of what the ranks held", summed),
     Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, (2, 3, 4)),
     Rule("the same collectives in the same order on every rank", same_collectives),
-    Rule("every rank runs to the end", crashed),
+    Rule("every rank runs to the end", crashed, data=True),
     Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
-    Rule("every rank loads the same split", same_split, ALL),
-    Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, ANY),
+    Rule("every rank loads the same split", same_split, ALL, data=True),
+    Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, ANY, data=True),
     Rule("the replicas start from the same weights", same_start, ANY),
     Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, 3, 4)),
     Rule("rank 0 alone evaluates the whole dev set once an epoch, through the plain model", evaluated, ALL),

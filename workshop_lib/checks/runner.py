@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import json
 import os
 import runpy
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from workshop_lib.checks.recorder import Recorder, recording
@@ -50,6 +52,7 @@ class Item:
     prefix: Path
     cwd: Path | None = None
     world: int = WORLD
+    reads: int = 0  # > 0: a probe of the data alone (:class:`~workshop_lib.checks.recorder.Recorder`'s ``reads``)
 
     @property
     def hang(self) -> Path:
@@ -101,10 +104,10 @@ def _ending(err: BaseException | None, script: str) -> dict:
             "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
 
 
-def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int = 0) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
     script = os.path.abspath(script)
-    rec = Recorder(prefix)
+    rec = Recorder(prefix, reads)
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
     sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
@@ -136,7 +139,6 @@ def run_item(item: dict, log: str) -> None:
     keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
     import gc
 
-    import torch
 
     gc.freeze()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -150,7 +152,7 @@ def run_item(item: dict, log: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.chdir(item["cwd"])
     torch.set_num_threads(1)
-    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"])
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"])
     sys.stdout.flush()
 
 
@@ -237,8 +239,17 @@ def _env(rank: int, world: int, port: int) -> dict[str, str]:
                             PYTHONUNBUFFERED=1, CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
 
 
+@functools.cache
+def _imports_of_a_first_step() -> None:
+    """What a script's first optimizer imports on its first use (torch.optim's compiler checks import sympy: seconds
+    on a loaded machine, in every rank, with nothing recorded meanwhile), imported here once: forked ranks inherit it."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])
+
+
 def run(item: Item) -> Run:
     """Run ``item`` on fresh ranks, stopping it as :func:`_why_stop` says; what the ranks did."""
+    if start_method() == "fork":
+        _imports_of_a_first_step()
     # The group's store, hosted here as torchrun's agent hosts it: every rank finds it listening.
     world = range(item.world)
     store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
@@ -248,7 +259,7 @@ def run(item: Item) -> Run:
     for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
-            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root())}
+            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads}
     ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
     progress, started, stopped = _Progress(item), time.monotonic(), None
     try:

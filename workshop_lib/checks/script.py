@@ -34,6 +34,7 @@ STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp", 4: "step4
 TODO_LINE = 'raise NotImplementedError("fill in the TODO above")'
 TICK, CROSS = "\N{CHECK MARK}", "\N{BALLOT X}"
 EPOCHS = 2
+WORLDS = (3, 1)  # the world sizes the data rules are judged at besides 2
 ARGS = ["--limit", "200", "--no-tensorboard", "--timeout", "15"]
 MINE = lab_root() / scripts.MINE  # the learner's versions (scripts.write_script), in the clone
 EXERCISES = lab_root() / "exercises"
@@ -87,32 +88,50 @@ def not_started(path: Path, step: int) -> bool:
     return todos > 0 and path.read_text().count(TODO_LINE) >= todos
 
 
-def _run(path: Path, work: Path, name: str, epochs: int) -> runner.Run:
-    """One run of the script with ``--epochs epochs --out WORK/name``, recorded under WORK/name.*."""
-    return runner.run(runner.Item(path, [*ARGS, "--epochs", str(epochs), "--out", str(work / name)], work / name))
+def _item(path: Path, step: int | None, work: Path, name: str, argv: Sequence[str], **kw) -> runner.Item:
+    """A run of a workshop step (its arguments the checker's, ``--out WORK/name``) or of any script (``argv``, in this
+    folder), recorded under WORK/name.*."""
+    if step is None:
+        return runner.Item(path, list(argv), work / name, cwd=Path.cwd(), **kw)
+    return runner.Item(path, [*ARGS, "--epochs", str(kw.pop("epochs", EPOCHS)), "--out", str(work / name)], work / name,
+                       **kw)
+
+
+def other_worlds(path: Path, step: int | None, work: Path, argv: Sequence[str], epochs: int, text: str) -> str | None:
+    """The data rules at each of :data:`WORLDS`, on probes of the data alone (each training pass read from the
+    sampler at once, no step taken: a second or so each); the first mistake, with the world size, or None."""
+    reads = min(epochs, 2)
+    for world in WORLDS:
+        run = runner.run(_item(path, step, work, f"world{world}", argv, world=world, reads=reads))
+        message = rules.first_mistake(rules.Case(run, step, reads, text, path.name, reads=True))
+        if message:
+            return f"at {world} rank{'s' if world > 1 else ''} (the data is judged at 1 and 3 ranks too): {message}"
+    return None
 
 
 def judge(path: Path, step: int | None, work: Path, argv: Sequence[str] = ()) -> tuple[str, str]:
-    """('done' | 'wrong', one line): the script's run judged; step 4 resumed only when that run holds. A script that
-    is not a workshop step (``step`` None) runs with ``argv`` in this folder."""
+    """('done' | 'wrong', one line): the script's run judged, then its data at other world sizes; step 4 resumed only
+    when these hold. A script that is not a workshop step (``step`` None) runs with ``argv`` in this folder."""
     work.mkdir(parents=True)
-    if step is None:
-        run = runner.run(runner.Item(path, list(argv), work / "out", cwd=Path.cwd()))
-    else:
-        run = _run(path, work, "out", EPOCHS)
+    run = runner.run(_item(path, step, work, "out", argv))
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
     epochs = EPOCHS if step is not None else max((len(passes(ev, "train")) for ev in run.ranks.values()), default=0)
     case = rules.Case(run, step, epochs, path.read_text(), path.name, rules.read_metrics(work / "out"))
     message = rules.first_mistake(case)
+    probed = message is None and step != 1 and bool(passes(run.ranks[0], "train"))
+    if probed:
+        message = other_worlds(path, step, work, argv, epochs, case.source)
     if message is None and step == 4:
-        message = resume.mistake(case, work, lambda name: _run(path, work, name, resume.EPOCHS))
+        message = resume.mistake(case, work, lambda name: runner.run(_item(path, step, work, name, (),
+                                                                           epochs=resume.EPOCHS)))
     if message is None and step is not None:
         message = on_a_gpu_node(path)
     if message is not None:
         return "wrong", f"{path.name}: {message}"
-    line = rules.passed(case) + (f"; {resume.PASSED}" if step == 4 else "")
+    line = rules.passed(case) + (f"; at {' and '.join(map(str, sorted(WORLDS)))} ranks the shards held too" if probed
+                                 else "") + (f"; {resume.PASSED}" if step == 4 else "")
     unused = any(e.get("find_unused") for ev in run.ranks.values() for e in ev if e["kind"] == "ddp")
     if unused:
         line += ("; note: find_unused_parameters=True makes DDP search the graph after every forward, and this model "

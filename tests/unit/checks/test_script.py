@@ -171,7 +171,8 @@ MISTAKES = [
      "the ranks' collectives first differ: rank 0 called barrier at line <<dist.barrier()>>, rank 1 called "
      "loss.backward() (DDP's gradient all-reduce) at line <<loss.backward()>> (in train_epoch, called at line "
      "<<totals = train_epoch(>>); line <<dist.barrier()>> runs under `if rank == 0:` (line <<if rank == 0:  # rank 0 "
-     "alone evaluates;>>), called by rank 0 alone: call it on every rank, or move it out of the block"),
+     "alone evaluates;>>): a barrier that rank 0 alone reaches waits for ranks that never call it, a deadlock; call it "
+     "on every rank, or move it out of the block"),
     # replica_spread moved into rank 0's block: the same rule and branch as the barrier above (its run hangs the
     # same way) and as rank_skips_a_collective (a collective in a function called under the condition); the all_gather
     # named through its call: test_rules.py

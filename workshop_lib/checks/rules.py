@@ -96,7 +96,7 @@ def joined(case: Case) -> str | None:
                         f"Default process group has not been initialized): build it after init_process_group")
             return (f"rank {rank} used the process group before joining it (torch: Default process group has not "
                     f"been initialized){_at(e, 'at')}: call dist.init_process_group first (in setup)")
-        if not inits and e.get("how") == "ok":
+        if not inits and e.get("how") == "ok" and not _of(events, "collective") and not _of(events, "destroy"):
             return (f"rank {rank} never called dist.init_process_group: the processes never formed a group; join it "
                     f"in setup, before training")
         if inits and inits[0]["backend"] not in ("gloo", "None") and how(events) == "error":

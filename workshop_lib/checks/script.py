@@ -41,12 +41,13 @@ EXERCISES = lab_root() / "exercises"
 
 
 def step_of(path: Path, step: int | None = None) -> int | None:
-    """The workshop step: ``step`` as given, else from a name stepN_*.py; None for any other script."""
+    """The workshop step: ``step`` as given, else from a name stepN_*.py (after a prefix_ too); None for any other
+    script."""
     if step is not None:
         if step not in STEPS:
             raise WorkshopError(f"--step {step} has no script check; use one of {sorted(STEPS)}")
         return step
-    m = re.fullmatch(r"step(\d)_\w*\.py", Path(path).name)
+    m = re.search(r"(?:^|_)step(\d)_\w*\.py$", Path(path).name)  # step2_sampler.py, mine_step2_sampler.py
     return int(m.group(1)) if m and int(m.group(1)) in STEPS else None
 
 

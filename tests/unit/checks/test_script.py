@@ -331,7 +331,7 @@ def test_each_line_states_what_was_measured(verdicts):
     assert verdicts["step3"][1] == (
         "step3_ddp.py: 2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each "
         "epoch; spread after every step 0.0; rank 0 alone evaluated all 36 dev molecules each epoch and saved the "
-        "plain model; the logged loss is the mean over all ranks")
+        "plain model; the logged loss is the mean over all ranks; at 1 and 3 ranks the shards held too")
     assert "note: find_unused_parameters=True" in verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1]
 
 
@@ -359,6 +359,7 @@ def test_the_step_comes_from_the_name_or_the_flag_and_any_other_script_is_none(t
     assert script.step_of(tmp_path / "step2_sampler.py") == 2
     assert script.step_of(tmp_path / "mine.py", 3) == 3
     assert script.step_of(tmp_path / "mine.py") is None  # any DDP script: the rules that hold for any
+    assert script.step_of(tmp_path / "mine_step2_sampler.py") == 2
     assert script.step_of(tmp_path / "train_step2.py") is None
     with pytest.raises(script.WorkshopError, match=r"--step 7 has no script check"):
         script.step_of(tmp_path / "mine.py", 7)

@@ -59,8 +59,7 @@ class Recorder:
     """One rank's events, in order; with a ``prefix``, also appended to PREFIX.jsonl (and PREFIX.params) as they happen."""
 
     def __init__(self, prefix: str | Path | None = None, reads: int = 0):
-        self.reads = reads  # > 0: a probe of the data alone, ended after this many passes over the training split and
-        # writing no file
+        self.reads = reads  # > 0: a probe of the data alone, ended after this many passes over the training split
         self.events: list[dict] = []
         self._file = open(f"{prefix}.jsonl", "a", buffering=1) if prefix else None  # noqa: SIM115 (closed in close)
         self._params = open(f"{prefix}.params", "ab") if prefix else None  # noqa: SIM115
@@ -355,14 +354,9 @@ def _path(f) -> str | None:
     return str(name) if isinstance(name, str | os.PathLike) else None
 
 
-def _save(rec: Recorder, real):
-    """A torch.save: the file, its first keys; a probe of the data (``rec.reads``) writes nothing, so that the run it
-    follows keeps its files."""
-    def observe(obj, f, *args, **kw):
-        epoch = obj.get("epoch") if isinstance(obj, dict) and isinstance(obj.get("epoch"), int) else None
-        rec.add("save", path=_path(f), keys=_keys(obj), rank=_rank(), epoch=epoch)
-        return None if rec.reads else real(obj, f, *args, **kw)
-    return observe
+def _save(rec: Recorder, obj, f, *args, **kw) -> None:
+    epoch = obj.get("epoch") if isinstance(obj, dict) and isinstance(obj.get("epoch"), int) else None
+    rec.add("save", path=_path(f), keys=_keys(obj), rank=_rank(), epoch=epoch)
 
 
 def _load(rec: Recorder, f, map_location=None, *args, **kw) -> None:
@@ -386,7 +380,7 @@ OBSERVED = (
     (metrics, "evaluate", _before(_evaluate)),
     (torch, "manual_seed", _before(_seed)),  # the seed each rank gave, and where
     (report.Reporter, "epoch", _before(_logged)),  # what rank 0 logged of an epoch, and where
-    (torch, "save", _save),
+    (torch, "save", _before(_save)),
     (torch, "load", _before(_load)),
 )
 

@@ -193,7 +193,7 @@ def _logged_mistake(case: Case) -> str | None:
                         f"summed loss by the summed molecules, and by nothing else")
             return what
         if molecules != count:
-            said = f"rank 0 logs {molecules} molecules in epoch {e + 1}{_logged_at(case, e)}, the ranks trained on {count}"
+            said = f"rank 0 logs {molecules} molecules in epoch {e + 1}, the ranks trained on {count}"
             if twice and molecules == world * count:
                 first, again = twice
                 return (f"the totals were all-reduced twice, at line {first['line']} and again at line "
@@ -205,7 +205,8 @@ def _logged_mistake(case: Case) -> str | None:
                         f"log the summed count as it is")
             found = _totals_call(case, held, molecules)
             if found is None:
-                return f"{said}: count every rank's molecules, all_reduce the [loss sum, molecules] totals (ReduceOp.SUM)"
+                return (f"{said}{_logged_at(case, e)}: count every rank's molecules, all_reduce the [loss sum, "
+                        f"molecules] totals (ReduceOp.SUM)")
             call, values = found
             how_much = "halved" if 2 * molecules == count else f"{molecules} of {count}"
             did = "averaged" if call.get("op") == "AVG" else f"reduced with op={call.get('op')}"

@@ -100,9 +100,9 @@ def _item(path: Path, step: int | None, work: Path, name: str, argv: Sequence[st
 
 def other_worlds(path: Path, step: int | None, work: Path, argv: Sequence[str], epochs: int, text: str) -> str | None:
     """The data rules at each of :data:`WORLDS`, on probes of the data alone (each training pass read from the
-    sampler at once, no step taken, no file written: a second or so each); the first mistake, with the world size, or
-    None. A probe that reads fewer passes on every rank (a script that resumed from the first run's snapshot) is
-    judged on those."""
+    sampler at once, no step taken: a second or so each); the first mistake, with the world size, or None. A probe
+    runs with the same arguments, so it writes where the script writes (a workshop step: an --out of its own); one
+    that reads fewer passes on every rank (a script that resumed from the first run's snapshot) is judged on those."""
     reads = min(epochs, 2)
     for world in WORLDS:
         run = runner.run(_item(path, step, work, f"world{world}", argv, world=world, reads=reads))

@@ -196,9 +196,8 @@ MISTAKES = [
      "was given a fixed num_replicas (or a rank), which holds at one world size only: leave num_replicas and rank out"),
     ("totals_reduced_twice", STEP2, [(TOTALS, TOTALS + TOTALS.replace("  # summed", "  # again:"))],
      "the totals were all-reduced twice, at line <<dist.all_reduce(totals)  # summed>> and again at line "
-     "<<dist.all_reduce(totals)  # again:>>: the second sums the sums (rank 0 logs 288 molecules in epoch 1 (logged "
-     "at line <<report.epoch(epoch, loss>>, report.epoch(epoch, loss, samples, seconds, dev_auc, replica_spread="
-     "spread)), the ranks trained on 144; the loss, a ratio, hides it): all_reduce them once"),
+     "<<dist.all_reduce(totals)  # again:>>: the second sums the sums (rank 0 logs 288 molecules in epoch 1, the "
+     "ranks trained on 144; the loss, a ratio, hides it): all_reduce them once"),
     ("loss_divided_by_the_world", STEP2, [("(totals[0] / totals[1]).item(),", "(totals[0] / totals[1]).item() / "
                                                                              "world_size,")],
      "the logged loss of epoch 1 is "),  # then its value, the line it was logged at, and SCALED

@@ -188,9 +188,10 @@ def _logged_mistake(case: Case) -> str | None:
                 return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
             if scale and (_close(logged * world, truth) or _close(logged, truth * world)):
                 at, text = scale
-                return (f"{what}, {'1/' if _close(logged * world, truth) else ''}{world} times it: line {at} ({text}) "
-                        f"scales by the world size what the all_reduce already summed over every rank; divide the "
-                        f"summed loss by the summed molecules, and by nothing else")
+                how = "divides" if _close(logged * world, truth) else "multiplies"
+                return (f"{what}: line {at} ({text}) {how} by the world size ({world}) a loss that the totals summed "
+                        f"over every rank already made the mean; divide the summed loss by the summed molecules, and "
+                        f"by nothing else")
             return what
         if molecules != count:
             said = f"rank 0 logs {molecules} molecules in epoch {e + 1}, the ranks trained on {count}"
@@ -664,7 +665,8 @@ def _passed_any(case: Case) -> str:
     calls = {len(_calls(ev)) for ev in case.ranks.values()}
     saved = sorted({Path(s["path"]).name for s in _of(case.ranks[0], "save") if s.get("path")})
     said = [f"{world} ranks, {case.epochs} epoch(s): {_what_each_read(case)}",
-            f"the same {calls.pop()} collectives (DDP's gradient all-reduces counted as backward passes) on every rank",
+            f"the same {calls.pop()} collectives on every rank (a backward() through DDP counted as one, its gradient "
+            f"all-reduce)",
             f"the replicas started equal and stayed equal (spread {max(spread, default=0.0):.1g} after "
             f"{len(spread)} step(s))" if spread else "no optimizer step was recorded",
             f"rank 0 alone wrote {', '.join(saved)}" if saved else "no rank saved a file with torch.save",

@@ -220,8 +220,9 @@ MISTAKES = [
      "report is None on rank 1, set only where `rank == 0` holds (line <<report = Reporter(>>): run line "
      "<<snapshot.update(>> under the same condition, or create report on every rank"),
 ]
-SCALED = ("1/2 times it: line <<(totals[0] / totals[1]).item() / world_size>> ((totals[0] / totals[1]).item() / "
-          "world_size) scales by the world size what the all_reduce already summed over every rank")
+SCALED = (": line <<(totals[0] / totals[1]).item() / world_size>> ((totals[0] / totals[1]).item() / world_size) "
+          "divides by the world size (2) a loss that the totals summed over every rank already made the mean; divide "
+          "the summed loss by the summed molecules")
 DEVICE_IDS = "; device_ids names a GPU, and this model is on the CPU: give DDP no device_ids on CPU"
 EARLY_CAUSE = ("the break at line <<                    break>> runs under `if rank == 0:` (line "
                "<<if rank == 0:  # rank 0 alone evaluates>>), on rank 0 alone")

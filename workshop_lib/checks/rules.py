@@ -613,9 +613,9 @@ class Rule:
 
 ALL, DDP = (1, 2, 3, 4), (3, 4)
 RULES = (
-    Rule("every rank runs the script it was given, every TODO filled", started, data=True),
+    Rule("every rank runs the script it was given (no TODO left open, no exit on its arguments)", started, data=True),
     Rule("every rank joins one group, as its own rank, with the backend of its device", joined, data=True),
-    Rule("an all-reduce leaves every rank the sum of what the ranks held", summed),
+    Rule("check_all_reduce's all-reduce leaves every rank the sum of what the ranks held", summed, ALL),
     Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, (2, 3, 4)),
     Rule("the same collectives in the same order on every rank", same_collectives),
     Rule("every rank runs to the end", crashed, data=True),

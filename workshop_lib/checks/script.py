@@ -183,11 +183,10 @@ def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str
 
 
 def not_a_step(path: Path) -> str:
-    """What the check of a script that is not a workshop step judges, and what it leaves to one."""
-    return (f"{path.name} is not a workshop step (no --step, its name is not stepN_*.py): judged by the rules for any "
-            f"DDP script (the same collectives on every rank, a DistributedSampler and set_epoch, replicas equal, "
-            f"global rank 0 writing the files, teardown); metrics.json, the logged figures, rank 0's evaluation and "
-            f"step 4's resume need a workshop step")
+    """What the check of a script that is not a workshop step judges, and what it leaves to one (:func:`rules.judged`)."""
+    judged, left = rules.judged(rules.Case(runner.Run({}), None))
+    return (f"{path.name} is not a workshop step (no --step, its name is not stepN_*.py), judged by the rules for any "
+            f"DDP script: {'; '.join(judged)}. Left to a workshop step (--step N): {'; '.join(left)}; step 4's resume")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

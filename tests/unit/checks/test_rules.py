@@ -561,7 +561,8 @@ def test_a_script_that_is_not_a_workshop_step_is_judged_by_the_rules_for_any_ddp
     assert "the shards: disjoint, covering, reshuffled each epoch (set_epoch)" in judged
     assert "the replicas are equal after every step (DDP wraps the model)" in judged
     assert "every rank leaves the group, in a finally" in judged
-    assert left == ["what rank 0 logs is the sum, or the mean, over every rank's batches",
+    assert left == ["check_all_reduce's all-reduce leaves every rank the sum of what the ranks held",
+                    "what rank 0 logs is the sum, or the mean, over every rank's batches",
                     "every rank loads the same split",
                     "rank 0 alone evaluates the whole dev set once an epoch, through the plain model",
                     "the files: model.pt in plain keys and metrics.json"]
@@ -574,7 +575,7 @@ def test_a_script_that_is_not_a_workshop_step_is_judged_by_the_rules_for_any_ddp
     probe = case(step=None)
     probe.reads = True
     assert [r.holds for r in rules.RULES if r.applies(probe)] == [
-        "every rank runs the script it was given, every TODO filled",
+        "every rank runs the script it was given (no TODO left open, no exit on its arguments)",
         "every rank joins one group, as its own rank, with the backend of its device", "every rank runs to the end",
         "the shards: disjoint, covering, reshuffled each epoch (set_epoch)"]
 

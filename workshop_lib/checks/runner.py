@@ -5,8 +5,8 @@ stopped as soon as it cannot end well (:func:`_why_stop`).
 
 Why not under torchrun itself: the script runs as ``__main__`` with torchrun's variables and the recorder attached
 from outside, as ``torchrun -m`` would attach it, but a real torchrun costs each run a fresh interpreter per rank and
-an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 6 runs
-within its 30 s; forked ranks start from this process's imports."""
+an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 12 runs
+(6, and the probes of the data at 1 and 3 ranks) within its 15 s; forked ranks start from this process's imports."""
 
 from __future__ import annotations
 

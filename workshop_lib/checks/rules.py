@@ -416,7 +416,8 @@ def crashed(case: Case) -> str | None:
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"
-        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"])
+        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"]) or (
+            shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("at")) else None)
         setup = _set_up(case, rank, torch_errors.set_up_by(e.get("detail") or e["message"]))
         return f"{said.rstrip('.')}; {setup}{why}" if why else said
     return None

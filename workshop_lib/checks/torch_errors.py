@@ -34,9 +34,6 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
      "a dist call came before the process group existed: call dist.init_process_group(backend) first, in setup"),
     (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs"),
      "nccl needs GPUs: use gloo on CPU (dist.get_default_backend_for_device picks it)"),
-    (re.compile(r"Invalid rank \d+, rank should be in the interval"),
-     "the DistributedSampler was given a fixed num_replicas (or a rank), which holds at one world size only: leave "
-     "num_replicas and rank out, and it takes both from the process group"),
     (re.compile(r"device_id parameter must be an accelerator with an index"),
      "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
      "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),

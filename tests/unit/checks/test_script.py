@@ -192,8 +192,9 @@ MISTAKES = [
      "each rank with its own number, so each builds its own initial model; give every rank the same seed"),
     ("sampler_of_two_replicas", STEP2, [(SAMPLER, SAMPLER.replace("shuffle=True", "num_replicas=2, shuffle=True"))],
      "at 3 ranks (the data is judged at 1 and 3 ranks too): rank 2 raised ValueError (line "
-     "<<DistributedSampler(dataset>>): Invalid rank 2, rank should be in the interval [0, 1]; the DistributedSampler "
-     "was given a fixed num_replicas (or a rank), which holds at one world size only: leave num_replicas and rank out"),
+     "<<DistributedSampler(dataset>>): Invalid rank 2, rank should be in the interval [0, 1]; rank 0's "
+     "DistributedSampler (line <<DistributedSampler(dataset>>) splits the data into 2 shard(s) (num_replicas=2), but 3 "
+     "ranks train: leave num_replicas out (the group's size) or pass dist.get_world_size()"),
     ("totals_reduced_twice", STEP2, [(TOTALS, TOTALS + TOTALS.replace("  # summed", "  # again:"))],
      "the totals were all-reduced twice, at line <<dist.all_reduce(totals)  # summed>> and again at line "
      "<<dist.all_reduce(totals)  # again:>>: the second sums the sums (rank 0 logs 288 molecules in epoch 1, the "

@@ -53,8 +53,6 @@ CASES = {
     "items of different lengths, no collate_fn": (lambda: next(iter(DataLoader([torch.ones(3), torch.ones(2)],
                                                                                batch_size=2))),
                                                   "give it collate_fn=, a function that pads each batch"),
-    "a sampler of a fixed size": (lambda: DistributedSampler(list(range(8)), num_replicas=2, rank=2),
-                                  "leave num_replicas and rank out"),
 }
 JOINED = {
     "saved from the wrapper": (lambda: nn.Linear(3, 1).load_state_dict(DDP(nn.Linear(3, 1)).state_dict()),

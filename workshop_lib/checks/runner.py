@@ -232,7 +232,7 @@ def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
     return None
 
 
-def _env(rank: int, world: int, port: int) -> dict[str, str]:
+def _env(rank: int, port: int, world: int = WORLD) -> dict[str, str]:
     """What ``torchrun --nnodes=N --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
     return launch_variables(rank, world, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=0, OMP_NUM_THREADS=1,
@@ -254,7 +254,7 @@ def run(item: Item) -> Run:
     world = range(item.world)
     store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
     logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
-    envs = {r: _env(r, item.world, store.port) for r in world}
+    envs = {r: _env(r, store.port, item.world) for r in world}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
     for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from workshop_lib import data, metrics, report
 from workshop_lib.debug import collectives, frames
@@ -78,7 +78,8 @@ class Recorder:
         """The split of ``dataset``; in a script that is not the workshop's (no load_splits), the first dataset asked
         for becomes "train", and its class's ``__getitem__`` is observed as the workshop's dataset is."""
         split = self.splits.get(id(dataset))
-        if split is not None or self.splits or self.stack is None or not hasattr(type(dataset), "__getitem__"):
+        if split is not None or self.splits or self.stack is None or isinstance(dataset, IterableDataset) \
+                or not hasattr(type(dataset), "__getitem__"):
             return split
         self.splits[id(dataset)] = "train"
         cls = type(dataset)

@@ -61,6 +61,9 @@ def refused(path: Path) -> str | None:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return f"{path.name} is not a Python script (binary data, not text): pass the .py file that trains"
+    if path.suffix == ".ipynb":
+        return (f"{path.name} is a notebook, not a Python script: write its script cells out first "
+                f"(scripts.write_script, or jupyter nbconvert --to script) and pass that file")
     first = text.splitlines()[0] if text else ""
     if first.startswith("#!") and "python" not in first:
         return (f"{path.name} is not a Python script (its first line, {first}, runs another program): pass the .py "

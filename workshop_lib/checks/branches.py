@@ -200,6 +200,7 @@ def decided_by_received(source: str, line: int | None, call: str) -> tuple[str, 
     for node in sorted(ast.walk(scope(tree, line)), key=lambda n: getattr(n, "lineno", 0)):
         if isinstance(node, ast.If | ast.While | ast.IfExp) and node.lineno > line \
                 and any(isinstance(n, ast.Name) and n.id == given.id for n in ast.walk(node.test)) \
-                and not _mentions(node.test, rank_names(tree)) and rank_condition(source, node.lineno) is None:
+                and not _mentions(node.test, rank_names(tree) - {given.id}) \
+                and rank_condition(source, node.lineno) is None:  # (the value itself, None elsewhere, is no rank test)
             return given.id, node.lineno, ast.unparse(node.test)
     return None

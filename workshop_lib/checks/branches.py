@@ -175,3 +175,32 @@ def rank_exit(source: str) -> tuple[str, int, str, int] | None:
             if found and loop.lineno < found[0]:
                 return type(stop).__name__.lower(), stop.lineno, found[1], found[0]
     return None
+
+
+_RECEIVED = {"reduce": (0, "tensor"), "gather": (1, "gather_list")}  # the argument that only dst receives into
+
+
+def decided_by_received(source: str, line: int | None, call: str) -> tuple[str, int, str] | None:
+    """(the name, the test's line, the test) when the value that ``call`` (reduce, gather) at ``line`` delivers to its
+    dst alone is read, later in the same function, by an ``if`` or ``while`` test that every rank runs."""
+    tree = parse(source)
+    if tree is None or not line or call not in _RECEIVED:
+        return None
+    where, keyword = _RECEIVED[call]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
+             and getattr(n.func, "attr", getattr(n.func, "id", None)) == call]
+    if not calls:
+        return None
+    args = calls[0].args
+    given = args[where] if len(args) > where else next((k.value for k in calls[0].keywords if k.arg == keyword), None)
+    while isinstance(given, ast.Subscript | ast.Attribute):
+        given = given.value
+    if not isinstance(given, ast.Name):
+        return None
+    for node in sorted(ast.walk(scope(tree, line)), key=lambda n: getattr(n, "lineno", 0)):
+        if isinstance(node, ast.If | ast.While | ast.IfExp) and node.lineno > line \
+                and any(isinstance(n, ast.Name) and n.id == given.id for n in ast.walk(node.test)) \
+                and not _mentions(node.test, rank_names(tree) - {given.id}) \
+                and rank_condition(source, node.lineno) is None:  # (the value itself, None elsewhere, is no rank test)
+            return given.id, node.lineno, ast.unparse(node.test)
+    return None

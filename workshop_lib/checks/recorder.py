@@ -6,6 +6,10 @@
 function does, adding no collective. A :class:`Recorder` keeps the events in order (with a prefix, also in
 PREFIX.jsonl, and the parameters after each optimizer step in PREFIX.params); the readers at the end answer how a
 rank left, what it waited in, the replicas' spread and what each loader pass read.
+
+A workshop script names its splits through :func:`workshop_lib.data.load_splits`; in any other script the dataset of
+the first DistributedSampler, else of the first loader read with gradients on, is the training split, and its class's
+``__getitem__`` is observed from then on as the workshop's dataset is.
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
-from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from workshop_lib import data, metrics
+from workshop_lib import data, metrics, report
 from workshop_lib.debug import collectives, frames
 from workshop_lib.lab.joining import let_gloo_finish
 
@@ -54,7 +58,8 @@ def _small(tensor) -> list | None:
 class Recorder:
     """One rank's events, in order; with a ``prefix``, also appended to PREFIX.jsonl (and PREFIX.params) as they happen."""
 
-    def __init__(self, prefix: str | Path | None = None):
+    def __init__(self, prefix: str | Path | None = None, reads: int = 0):
+        self.reads = reads  # > 0: a probe of the data alone, ended after this many passes over the training split
         self.events: list[dict] = []
         self._file = open(f"{prefix}.jsonl", "a", buffering=1) if prefix else None  # noqa: SIM115 (closed in close)
         self._params = open(f"{prefix}.params", "ab") if prefix else None  # noqa: SIM115
@@ -65,10 +70,32 @@ class Recorder:
         self.ddp_forwards = self.bypasses = self.backwards = self.steps = 0
         self.in_ddp = 0  # > 0 while a DDP wrapper's forward runs
         self.main, self.pid = threading.get_ident(), os.getpid()
+        self.stack: contextlib.ExitStack | None = None  # while recording: where an observer put later is taken off
+        self.samplers: dict[int, dict] = {}  # id(DistributedSampler) -> its "sampler" event
+        self.loaders: dict[int, dict] = {}  # id(DataLoader) -> the line that built it, and whether with a collate_fn
 
-    def add(self, kind: str, line: bool = True, **data) -> dict:
-        """Append an event; ``line``: with the learner's line that led to it, and the lines that called that one."""
-        at, via = _where() if line else (None, [])
+    def name_split(self, dataset) -> str | None:
+        """The split of ``dataset``; in a script that is not the workshop's (no load_splits), the first dataset asked
+        for becomes "train", and its class's ``__getitem__`` is observed as the workshop's dataset is."""
+        split = self.splits.get(id(dataset))
+        if split is not None or self.splits or self.stack is None or isinstance(dataset, IterableDataset) \
+                or not hasattr(type(dataset), "__getitem__"):
+            return split
+        self.splits[id(dataset)] = "train"
+        cls = type(dataset)
+        if cls is not data.TokenizedDataset:
+            self.stack.enter_context(mock.patch.object(cls, "__getitem__", new=_before(_getitem)(self, cls.__getitem__)))
+        self.add("splits", line=False, train={"n": len(dataset), "fp": None})
+        for event in self.samplers.values():  # the sampler built over it before it was named
+            if event["dataset"] == id(dataset):
+                self.add("sampler", event["line"], **{k: v for k, v in event.items()
+                                                      if k not in ("kind", "line", "t", "via", "split")}, split="train")
+        return "train"
+
+    def add(self, kind: str, line: bool | int | None = True, **data) -> dict:
+        """Append an event; ``line``: True, with the learner's line that led to it and the lines that called that
+        one; a number, that line."""
+        at, via = _where() if line is True else (line or None, [])
         event = {"kind": kind, "line": at, "t": round(time.time(), 3), **data, **({"via": via} if via else {})}
         self.events.append(event)
         if self._file is not None:
@@ -83,6 +110,15 @@ class Recorder:
             if indices:
                 self.add("fetched", line=False, split=split, epoch_pass=self.passes.get(split, 0) - 1, indices=indices)
         self.fetched = {}
+
+    def starting(self, optimizer) -> None:
+        """Before the first optimizer step: a fingerprint of the weights it starts from."""
+        if self.steps == 0 and not _of(self.events, "weights"):
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            digest = hashlib.sha1()
+            for p in params:
+                digest.update(p.detach().float().cpu().numpy().tobytes())
+            self.add("weights", line=False, fp=digest.hexdigest()[:12], numel=sum(p.numel() for p in params))
 
     def stepped(self, optimizer) -> None:
         """After an optimizer step: the parameters it updated, and what led to the step since the last one."""
@@ -195,8 +231,23 @@ def _getitem(rec: Recorder, dataset, i) -> None:
         rec.fetched.setdefault(split, []).append(int(i))
 
 
-def _loader_iter(rec: Recorder, loader) -> None:
-    split = rec.split_of(loader.dataset)
+def _loader_iter(rec: Recorder, real):
+    """A pass starts: recorded; in a probe of the data (``rec.reads``), a training pass is read from the loader's
+    sampler at once and left empty, and the rank ends after ``rec.reads`` of them."""
+    def observe(loader):
+        _pass(rec, loader)
+        if not rec.reads or rec.split_of(loader.dataset) != "train" or loader.batch_sampler is None:
+            return real(loader)
+        rec.fetched.setdefault("train", []).extend(int(i) for batch in loader.batch_sampler for i in batch)
+        if rec.passes["train"] >= rec.reads:
+            rec.flush_fetched()
+            raise SystemExit(0)  # what the data rules need is recorded
+        return iter(())
+    return observe
+
+
+def _pass(rec: Recorder, loader) -> None:
+    split = rec.split_of(loader.dataset) or (rec.name_split(loader.dataset) if torch.is_grad_enabled() else None)
     if split is not None:
         rec.flush_fetched()
         rec.passes[split] = rec.passes.get(split, 0) + 1
@@ -204,15 +255,26 @@ def _loader_iter(rec: Recorder, loader) -> None:
         rec.add("pass", split=split, epoch_pass=rec.passes[split] - 1, sampler=type(s).__name__,
                 sampler_id=id(s) if isinstance(s, DistributedSampler) else None,
                 sampler_epoch=getattr(s, "epoch", None) if isinstance(s, DistributedSampler) else None,
-                workers=loader.num_workers)
+                workers=loader.num_workers, **rec.loaders.get(id(loader), {}))
+
+
+def _loader_init(rec: Recorder, real):
+    def observe(self, dataset, *args, **kw):
+        real(self, dataset, *args, **kw)
+        collate = kw.get("collate_fn", args[5] if len(args) > 5 else None)  # after batch_size ... num_workers
+        built = rec.add("loader", collate_fn=collate is not None)
+        rec.loaders[id(self)] = {"loader": built["line"], "collate_fn": built["collate_fn"]}
+    return observe
 
 
 def _sampler_init(rec: Recorder, real):
     def observe(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, *args, **kw):
         real(self, dataset, num_replicas, rank, shuffle, seed, *args, **kw)
-        rec.add("sampler", split=rec.split_of(dataset), id=id(self), given_replicas=num_replicas,
-                given_rank=rank, num_replicas=self.num_replicas, rank=self.rank, shuffle=self.shuffle,
-                seed=self.seed, n=len(dataset), local_rank=os.environ.get("LOCAL_RANK"))
+        event = rec.add("sampler", split=rec.split_of(dataset), id=id(self), given_replicas=num_replicas,
+                        given_rank=rank, num_replicas=self.num_replicas, rank=self.rank, shuffle=self.shuffle,
+                        seed=self.seed, n=len(dataset), local_rank=os.environ.get("LOCAL_RANK"), dataset=id(dataset))
+        rec.samplers[id(self)] = event
+        rec.name_split(dataset)
     return observe
 
 
@@ -273,6 +335,15 @@ def _loss(rec: Recorder, real):
     return observe
 
 
+def _seed(rec: Recorder, seed, *args, **kw) -> None:
+    if os.getpid() == rec.pid and threading.get_ident() == rec.main:  # not a DataLoader worker's own seed
+        rec.add("seed", seed=int(seed) if isinstance(seed, int) else str(seed))
+
+
+def _logged(rec: Recorder, reporter, epoch, loss, samples, *args, **kw) -> None:
+    rec.add("logged", epoch=epoch, loss=float(loss), samples=int(samples))
+
+
 def _evaluate(rec: Recorder, model, loader, *args, **kw) -> None:
     rec.flush_fetched()
     rec.add("evaluate", model=type(model).__name__, split=rec.split_of(getattr(loader, "dataset", None)))
@@ -299,7 +370,8 @@ def _load(rec: Recorder, f, map_location=None, *args, **kw) -> None:
 OBSERVED = (
     (data, "load_splits", _load_splits),  # which dataset object is each split, and a fingerprint of each
     (data.TokenizedDataset, "__getitem__", _before(_getitem)),  # each index fetched, per pass over a loader
-    (DataLoader, "__iter__", _before(_loader_iter)),  # a pass starts: the loader's sampler
+    (DataLoader, "__init__", _loader_init),  # where each loader was built, and whether it was given a collate_fn
+    (DataLoader, "__iter__", _loader_iter),  # a pass starts: the loader's sampler
     (DistributedSampler, "__init__", _sampler_init),  # the arguments as given, the values the sampler resolved
     (DistributedSampler, "set_epoch", _before(_set_epoch)),
     (dist, "init_process_group", _init),
@@ -307,6 +379,8 @@ OBSERVED = (
     (DistributedDataParallel, "__init__", _ddp_init),  # and forward hooks: the forwards through it, and around it
     (F, "binary_cross_entropy_with_logits", _loss),  # each training batch's loss
     (metrics, "evaluate", _before(_evaluate)),
+    (torch, "manual_seed", _before(_seed)),  # the seed each rank gave, and where
+    (report.Reporter, "epoch", _before(_logged)),  # what rank 0 logged of an epoch, and where
     (torch, "save", _before(_save)),
     (torch, "load", _before(_load)),
 )
@@ -321,6 +395,10 @@ def recording(rec: Recorder) -> Iterator[Recorder]:
         stack.enter_context(collectives.observing(Collectives(rec)))
         hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: rec.stepped(optimizer))
         stack.callback(hook.remove)
+        first = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: rec.starting(optimizer))
+        stack.callback(first.remove)
+        rec.stack = stack
+        stack.callback(setattr, rec, "stack", None)
         stack.callback(rec.flush_fetched)
         yield rec
 

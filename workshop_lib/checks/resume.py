@@ -129,7 +129,7 @@ def mistake(case: rules.Case, work: Path, rerun: Callable[[str], Run]) -> str | 
     for name, what in (("resumed", f"the resumed run (--epochs {EPOCHS} into the same --out)"),
                        ("whole", f"an uninterrupted {EPOCHS}-epoch run")):
         runs[name] = rerun(name)
-        message = rules.first_mistake(rules.Case(runs[name], None, EPOCHS, case.source, case.name))
+        message = rules.first_mistake(rules.Case(runs[name], 4, EPOCHS, case.source, case.name, rerun=True))
         if message:
             return f"{what}: {message}"
     found = loading_mistake(runs["resumed"]) or _epochs_mistake(runs["resumed"], case.epochs)

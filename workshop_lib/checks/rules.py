@@ -27,8 +27,10 @@ EVERY_COLLECTIVE = "every rank must call every collective, in the same order, or
 
 @dataclass
 class Case:
-    """One run to judge: the records, the step (None: judge how the run went alone), the script's text, and rank
-    0's metrics.json if it wrote one."""
+    """One run to judge: the records, the workshop step (None: a script that is not one, judged by the rules for any
+    DDP script), the script's text, rank 0's metrics.json if it wrote one, and ``rerun``: only how the run went is
+    judged (step 4's resumed and uninterrupted runs); ``reads``: a probe of the data alone (:mod:`runner`'s ``reads``),
+    judged by the data rules."""
 
     run: Run
     step: int | None
@@ -36,6 +38,8 @@ class Case:
     source: str = ""
     name: str = "script.py"
     metrics: dict | None = None
+    rerun: bool = False
+    reads: bool = False  # a probe of the data alone at another world size: only the data rules are judged
 
     @property
     def ranks(self) -> dict[int, list[dict]]:
@@ -44,6 +48,10 @@ class Case:
     def code(self, line: int | None) -> str:
         lines = self.source.splitlines()
         return lines[line - 1].strip() if line and 0 < line <= len(lines) else ""
+
+    @property
+    def items(self) -> str:
+        return "training molecules" if self.step is not None else "training items"
 
     def ended_well(self) -> bool:
         return all(how(events) == "ok" for events in self.ranks.values())
@@ -71,7 +79,10 @@ def started(case: Case) -> str | None:
         if e.get("error") == "NotImplementedError":
             return f"a TODO is still open{_at(e, 'at')}: fill it in (its line raises NotImplementedError)"
         if how(events) == "exit":
-            return f"rank {rank} stopped with exit code {e['code']}{_at(e, 'at')}: {e['message']}"
+            said = (e.get("said") or [e["message"]])[-1]  # the script's own last words, as it printed them
+            usage = (f"; its own arguments go after its path: python -m workshop_lib.check [options] {case.name} ARGS"
+                     if case.step is None and e["code"] == 2 else "")
+            return f"rank {rank} stopped with exit code {e['code']}{_at(e, 'at')}: {said}{usage}"
     return None
 
 
@@ -85,7 +96,7 @@ def joined(case: Case) -> str | None:
                         f"Default process group has not been initialized): build it after init_process_group")
             return (f"rank {rank} used the process group before joining it (torch: Default process group has not "
                     f"been initialized){_at(e, 'at')}: call dist.init_process_group first (in setup)")
-        if not inits and e.get("how") == "ok":
+        if not inits and e.get("how") == "ok" and not _of(events, "collective") and not _of(events, "destroy"):
             return (f"rank {rank} never called dist.init_process_group: the processes never formed a group; join it "
                     f"in setup, before training")
         if inits and inits[0]["backend"] not in ("gloo", "None") and how(events) == "error":
@@ -129,17 +140,45 @@ def _totals_call(case: Case, held: dict[int, tuple[float, int]], after: float) -
     return None
 
 
+def _reduced_twice(case: Case) -> tuple[dict, dict] | None:
+    """Rank 0's two all_reduces where the second was given what the first returned: the sums summed again."""
+    events = case.ranks[0]
+    afters = {x["seq"]: x.get("after") for x in _of(events, "collective", name="all_reduce", phase="exit")}
+    calls = _of(events, "collective", name="all_reduce", phase="enter")
+    for i, call in enumerate(calls):
+        for earlier in calls[:i]:
+            if call.get("before") and call.get("before") == afters.get(earlier["seq"]) \
+                    and source.function_at(case.source, call.get("line")) != "check_all_reduce":
+                return earlier, call
+    return None
+
+
+def _logged_line(case: Case, epoch: int) -> int | None:
+    logged = _of(case.ranks[0], "logged")
+    return logged[epoch]["line"] if epoch < len(logged) else None
+
+
+def _logged_at(case: Case, epoch: int) -> str:
+    line = _logged_line(case, epoch)
+    return f" (logged at line {line}, {case.code(line)})" if line else ""
+
+
 def _logged_mistake(case: Case) -> str | None:
-    """The loss and the molecules rank 0 logged each epoch: the mean and the sum over every rank's batches."""
+    """The loss and the molecules rank 0 logged each epoch: the mean and the sum over every rank's batches; where
+    they differ, the line that made the difference (an all_reduce done twice, a scale by the world size, an op)."""
+    world = len(case.ranks)
     for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs]):
         held = _held(case, e)
         count = sum(n for _, n in held.values())
         if not count:
             continue
         truth, own, logged = sum(s for s, _ in held.values()) / count, held[0][0] / max(held[0][1], 1), row["train_loss"]
+        molecules = core_metrics.logged_samples(row) if row.get("seconds") else count
+        twice = _reduced_twice(case)
+        scale = source.world_scale(case.source, _logged_line(case, e))
         if not _close(logged, truth):
-            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}; the mean over the {count} molecules every rank "
-                    f"trained on is {truth:.4f}")
+            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}{_logged_at(case, e)}; the mean over the {count} "
+                    f"molecules every rank trained on is {truth:.4f}")
             ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
                    if c.get("op") not in (None, "SUM", "AVG")
                    and source.function_at(case.source, c.get("line")) != "check_all_reduce"]
@@ -147,13 +186,28 @@ def _logged_mistake(case: Case) -> str | None:
                 return f"{what}: the totals were all-reduced with op={ops[0]['op']}{_at(ops[0])}; sum them (ReduceOp.SUM)"
             if _close(logged, own):
                 return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
+            if scale and (_close(logged * world, truth) or _close(logged, truth * world)):
+                at, text = scale
+                how = "divides" if _close(logged * world, truth) else "multiplies"
+                return (f"{what}: line {at} ({text}) {how} by the world size ({world}) a loss that the totals summed "
+                        f"over every rank already made the mean; divide the summed loss by the summed molecules, and "
+                        f"by nothing else")
             return what
-        molecules = core_metrics.logged_samples(row) if row.get("seconds") else count
         if molecules != count:
             said = f"rank 0 logs {molecules} molecules in epoch {e + 1}, the ranks trained on {count}"
+            if twice and molecules == world * count:
+                first, again = twice
+                return (f"the totals were all-reduced twice, at line {first['line']} and again at line "
+                        f"{again['line']}: the second sums the sums ({said}; the loss, a ratio, hides it): all_reduce "
+                        f"them once")
+            if scale and molecules * world == count:
+                at, text = scale
+                return (f"{said}: line {at} ({text}) divides by the world size a count the all_reduce already summed; "
+                        f"log the summed count as it is")
             found = _totals_call(case, held, molecules)
             if found is None:
-                return f"{said}: count every rank's molecules, all_reduce the [loss sum, molecules] totals (ReduceOp.SUM)"
+                return (f"{said}{_logged_at(case, e)}: count every rank's molecules, all_reduce the [loss sum, "
+                        f"molecules] totals (ReduceOp.SUM)")
             call, values = found
             how_much = "halved" if 2 * molecules == count else f"{molecules} of {count}"
             did = "averaged" if call.get("op") == "AVG" else f"reduced with op={call.get('op')}"
@@ -163,7 +217,7 @@ def _logged_mistake(case: Case) -> str | None:
     return None
 
 
-def _check_all_reduce_mistake(case: Case) -> str | None:
+def summed(case: Case) -> str | None:
     """check_all_reduce's all_reduce: each rank contributes rank + 1, and every rank gets the sum."""
     world = len(case.ranks)
     for rank, events in sorted(case.ranks.items()):
@@ -182,12 +236,10 @@ def _check_all_reduce_mistake(case: Case) -> str | None:
     return None
 
 
-def summed(case: Case) -> str | None:
-    """The sums: an all-reduce leaves every rank the sum of what the ranks held, and what rank 0 logs (the loss, the
-    molecules, every throughput figure) is the sum, or the mean where the name says so, over every rank's batches."""
-    if case.step in (2, 3, 4) and case.metrics and case.ended_well():
-        return _check_all_reduce_mistake(case) or _logged_mistake(case)
-    return _check_all_reduce_mistake(case)
+def logged(case: Case) -> str | None:
+    """What rank 0 logs (the loss, the molecules, every throughput figure) is the sum, or the mean where the name says
+    so, over every rank's batches."""
+    return _logged_mistake(case) if case.metrics and case.ended_well() else None
 
 
 def _calls(events: list[dict]) -> list[dict]:
@@ -293,9 +345,11 @@ def same_collectives(case: Case) -> str | None:
         if found:
             alone = [q for q, c in at.items() if (c.get("name"), c["line"]) == (call.get("name"), call["line"])]
             line, if_line, test = found
+            deadlock = (f": a barrier that rank {_and(alone)} alone reaches waits for ranks that never call it, a "
+                        f"deadlock;" if call.get("name") == "barrier" else ", called by rank " + _and(alone) +
+                        " alone:")
             return (f"the ranks' collectives first differ: {each}; line {line} runs under `if {test}:` (line "
-                    f"{if_line}), called by rank {_and(alone)} alone: call it on every rank, or move it out of the "
-                    f"block")
+                    f"{if_line}){deadlock} call it on every rank, or move it out of the block")
     waited = f", while {_waited(case, stuck)}" if stuck or case.run.hang else ""
     epochs = {r: len(passes(ev, "train")) for r, ev in case.ranks.items()}
     early = [r for r, n in sorted(epochs.items())  # in the loop, then out of it before the others, or before its end
@@ -342,19 +396,30 @@ def _kept_the_wrapper(case: Case, e: dict) -> str | None:
                      f"as it is")
 
 
+def _set_up(case: Case, rank: int, kind: str | None) -> str:
+    """Where the call that set the crash up was made: the DataLoader the last pass drew from."""
+    if kind == "loader":
+        last = next((p for p in reversed(_of(case.ranks[rank], "pass")) if p.get("loader")), None)
+        if last is not None and not last.get("collate_fn"):
+            return f"line {last['loader']} ({case.code(last['loader'])}) built the loader it read; "
+    return ""
+
+
 def crashed(case: Case) -> str | None:
     """Every rank ran to the end. A rank that raised (not a peer that lost contact with it): torch's words, and the
     learner's line that set it up where the record or the text shows one."""
     for rank, events in sorted(case.ranks.items()):
-        if how(events) != "error":
-            continue
+        if how(events) != "error" or (case.reads and _of(events, "pass", split="train")):
+            continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)
         said = f"rank {rank} raised {e['error']}{_at(e, 'at')}: {e['message']}".rstrip(":")
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"
-        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"])
-        return f"{said.rstrip('.')}; {why}" if why else said
+        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"]) or (
+            shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("at")) else None)
+        setup = _set_up(case, rank, torch_errors.set_up_by(e.get("detail") or e["message"]))
+        return f"{said.rstrip('.')}; {setup}{why}" if why else said
     return None
 
 
@@ -375,12 +440,49 @@ def same_split(case: Case) -> str | None:
 def sharded(case: Case) -> str | None:
     """The shards: every epoch read by every rank; from step 2 disjoint, covering and reshuffled each epoch."""
     n = split_sizes(case.ranks[0]).get("train")
-    found = shards.read_mistake({r: passes(ev, "train") for r, ev in case.ranks.items()}, n, case.epochs) if n else None
+    found = shards.read_mistake({r: passes(ev, "train") for r, ev in case.ranks.items()}, n, case.epochs,
+                                case.items) if n else None
     if found is None or (case.step == 1 and found[0] != "epochs"):
         return None
     kind, measured = found
     why = shards.cause(kind, case.ranks, "train", len(case.ranks)) if kind != "epochs" else "train every epoch"
     return f"{measured}: {why}" if why else measured
+
+
+def same_start(case: Case) -> str | None:
+    """Every rank's weights before its first optimizer step are the same (DDP broadcasts rank 0's when it wraps)."""
+    starts = {r: w[0]["fp"] for r, ev in sorted(case.ranks.items()) if (w := _of(ev, "weights"))}
+    if len(set(starts.values())) < 2:
+        return None
+    other = next(r for r, fp in starts.items() if fp != starts[min(starts)])
+    seeds = {r: [e["seed"] for e in _of(ev, "seed")] for r, ev in case.ranks.items()}
+    differ = next((_of(case.ranks[other], "seed")[k] for k, v in enumerate(seeds[other])
+                   if k < len(seeds[min(starts)]) and v != seeds[min(starts)][k]), None)
+    what = f"ranks {min(starts)} and {other} start from different weights (measured before the first optimizer step)"
+    if differ is not None:
+        code = case.code(differ.get("line"))
+        return (f"{what}: torch.manual_seed at line {differ['line']}{f' ({code})' if code else ''} seeds each rank "
+                f"with its own number, so each builds its own initial model; give every rank the same seed (DDP would "
+                f"broadcast rank 0's weights when it wraps the model, and this script has no DDP wrapper before its "
+                f"first step)")
+    return (f"{what}: each rank built its model from its own random numbers; seed every rank the same before "
+            f"building the model, or wrap it in DDP, which broadcasts rank 0's weights")
+
+
+def one_rank_decides(case: Case) -> str | None:
+    """A value that only one rank received (dist.reduce's result, gather's list) read by a test that every rank
+    runs: each rank decides from its own value, whether or not this run happened to diverge."""
+    for events in case.ranks.values():
+        for c in _of(events, "collective", phase="enter"):
+            if c.get("name") not in ("reduce", "gather"):
+                continue
+            found = branches.decided_by_received(case.source, c.get("line"), c["name"])
+            if found:
+                name, at, test = found
+                return (f"dist.{c['name']}{_at(c)} delivers {name} to its dst rank alone, yet line {at} (`{test}`) "
+                        f"decides from it on every rank: each other rank decides from its own value; use "
+                        f"dist.{'all_reduce' if c['name'] == 'reduce' else 'all_gather'} where every rank uses it")
+    return None
 
 
 def replicas(case: Case) -> str | None:
@@ -440,8 +542,7 @@ def _synced(events: list[dict], upto: dict) -> int:
 
 
 def files(case: Case) -> str | None:
-    """The files: model.pt and metrics.json written by global rank 0 alone, plain keys; none loaded by another rank
-    without a collective after its save."""
+    """The files: written by global rank 0 alone; none loaded by another rank without a collective after its save."""
     saves = {r: [s for s in _of(ev, "save") if s.get("path")] for r, ev in case.ranks.items()}
     savers = sorted(r for r, s in saves.items() if s)
     if len(savers) > 1:
@@ -450,19 +551,24 @@ def files(case: Case) -> str | None:
                 f"by global rank 0 only (dist.get_rank() == 0); the local rank is 0 on every node")
     if savers and savers[0] != 0:
         return f"rank {savers[0]} saved{_at(saves[savers[0]][0])}: save from global rank 0 only"
-    if not savers:
-        return "nothing was saved with torch.save: rank 0 saves the model's weights to cfg.out / 'model.pt'"
-    first = saves[0][0]
-    if any(k.startswith("module.") for k in first["keys"]):
-        return (f"rank 0 saved the DDP wrapper's weights{_at(first)}: their keys start with 'module.' "
-                f"({first['keys'][0]}); save model.module.state_dict(), the plain model's")
-    for save in saves[0]:
+    for save in saves.get(0, []):
         for rank, others in sorted(case.ranks.items()):
             load = next((e for e in _of(others, "load") if e.get("path") == save["path"]), None)
             if rank and load is not None and _synced(others, load) <= _synced(case.ranks[0], save):
                 return (f"rank {rank} loaded {Path(save['path']).name}{_at(load)} with no collective between rank 0's "
                         f"save (line {save['line']}) and the load: it found the file only because rank 0 was faster "
                         f"this time; put dist.barrier() after the save, before any rank loads the file")
+    return None
+
+
+def workshop_files(case: Case) -> str | None:
+    """The workshop's files: model.pt, with the plain model's keys, and metrics.json."""
+    saves = [s for s in _of(case.ranks[0], "save") if s.get("path")]
+    if not saves:
+        return "nothing was saved with torch.save: rank 0 saves the model's weights to cfg.out / 'model.pt'"
+    if any(k.startswith("module.") for k in saves[0]["keys"]):
+        return (f"rank 0 saved the DDP wrapper's weights{_at(saves[0])}: their keys start with 'module.' "
+                f"({saves[0]['keys'][0]}); save model.module.state_dict(), the plain model's")
     if not (case.metrics or {}).get("history"):
         return "rank 0 wrote no metrics.json: call report.finish(...) at the end, on rank 0"
     return None
@@ -490,64 +596,104 @@ def device_ids(case: Case) -> str | None:
             f"pass [device.index], this process's own GPU")
 
 
+RUN, ANY = "run", "any"  # a rule's scope: every run, resumed ones too; any DDP script and every workshop step
+
+
 @dataclass(frozen=True)
 class Rule:
     holds: str  # the invariant, in words
     judge: Callable[[Case], str | None]
-    steps: tuple[int, ...] | None = None  # the steps whose finished runs it judges; None: every run, resumed too
+    scope: str | tuple[int | None, ...] = RUN  # RUN, ANY, or the steps whose finished runs it judges (None: any script)
+    data: bool = False  # judged on a probe of the data alone, at another world size
+
+    def applies(self, case: Case) -> bool:
+        if case.reads and not self.data:
+            return False
+        return self.scope == RUN or (not case.rerun and (self.scope == ANY or case.step in self.scope))
 
 
 ALL, DDP = (1, 2, 3, 4), (3, 4)
 RULES = (
-    Rule("every rank runs the script it was given, every TODO filled", started),
-    Rule("every rank joins one group, as its own rank, with the backend of its device", joined),
-    Rule("the sums: all-reduced totals, and what rank 0 logs from them, are sums over every rank", summed),
+    Rule("every rank runs the script it was given (no TODO left open, no exit on its arguments)", started, data=True),
+    Rule("every rank joins one group, as its own rank, with the backend of its device", joined, data=True),
+    Rule("check_all_reduce's all-reduce leaves every rank the sum of what the ranks held", summed, ALL),
+    Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, (2, 3, 4)),
     Rule("the same collectives in the same order on every rank", same_collectives),
-    Rule("every rank runs to the end", crashed),
-    Rule("every rank loads the same split", same_split, ALL),
-    Rule("the shards: disjoint, covering, reshuffled each epoch", sharded, ALL),
-    Rule("the replicas are equal after every step", replicas, DDP),
+    Rule("every rank runs to the end", crashed, data=True),
+    Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
+    Rule("the replicas start from the same weights", same_start, ANY),
+    Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, 3, 4)),
+    Rule("every rank loads the same split", same_split, ALL, data=True),
+    Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, ANY, data=True),
     Rule("rank 0 alone evaluates the whole dev set once an epoch, through the plain model", evaluated, ALL),
-    Rule("the files: written by global rank 0 alone, plain keys, loaded after a collective", files, ALL),
-    Rule("every rank leaves the group, in a finally", left_the_group, ALL),
-    Rule("device_ids names this process's own GPU", device_ids, DDP),
+    Rule("the files: written by global rank 0 alone, loaded after a collective", files, ANY),
+    Rule("the files: model.pt in plain keys and metrics.json", workshop_files, ALL),
+    Rule("every rank leaves the group, in a finally", left_the_group, ANY),
+    Rule("device_ids names this process's own GPU", device_ids, (None, 3, 4)),
 )
 
 
 def first_mistake(case: Case) -> str | None:
-    """The first broken invariant of :data:`RULES` that applies to the case's step, as one line; None if none."""
+    """The first broken invariant of :data:`RULES` that applies to the case, as one line; None if none."""
     for rule in RULES:
-        if rule.steps is None or case.step in rule.steps:
+        if rule.applies(case):
             message = rule.judge(case)
             if message:
                 return message
     return None
 
 
+def judged(case: Case) -> tuple[list[str], list[str]]:
+    """(the invariants judged on the case, those that need a workshop step): what a ✓ on any DDP script covers."""
+    rules = [r for r in RULES if r.applies(case)]
+    return [r.holds for r in rules], [r.holds for r in RULES if r not in rules]
+
+
 def _what_each_read(case: Case) -> str:
     n = split_sizes(case.ranks[0]).get("train", 0)
     counts = {len(per_epoch[0]) for per_epoch in (passes(ev, "train") for ev in case.ranks.values()) if per_epoch}
+    if not counts:
+        return f"no {case.items} were read through a DataLoader"
     if counts == {n}:
-        return f"each read all {n} training molecules"
-    return f"each read its own {min(counts, default=0)} of {n} training molecules, a new order each epoch"
+        return f"each read all {n} {case.items}"
+    return (f"each read its own {min(counts, default=0)} of {n} {case.items}" +
+            (", a new order each epoch" if case.epochs > 1 else ""))
+
+
+def _passed_any(case: Case) -> str:
+    """The ✓ of a script that is not a workshop step: what was measured, and what was not judged."""
+    world, spread = len(case.ranks), spreads(case.run.params)
+    calls = {len(_calls(ev)) for ev in case.ranks.values()}
+    saved = sorted({Path(s["path"]).name for s in _of(case.ranks[0], "save") if s.get("path")})
+    said = [f"{world} ranks, {case.epochs} epoch(s): {_what_each_read(case)}",
+            f"the same {calls.pop()} collectives on every rank (a backward() through DDP counted as one, its gradient "
+            f"all-reduce)",
+            f"the replicas started equal and stayed equal (spread {max(spread, default=0.0):.1g} after "
+            f"{len(spread)} step(s))" if spread else "no optimizer step was recorded",
+            f"rank 0 alone wrote {', '.join(saved)}" if saved else "no rank saved a file with torch.save",
+            "every rank left the group in a finally"]
+    return "; ".join(said)
 
 
 def passed(case: Case) -> str:
     """The ✓ line: what was measured, in the step's terms."""
+    if case.step is None:
+        return _passed_any(case)
     d, world, spread = split_sizes(case.ranks[0]).get("dev", 0), len(case.ranks), spreads(case.run.params)
     dev = f"rank 0 alone evaluated all {d} dev molecules each epoch"
     reads = f"{world} ranks, {case.epochs} epochs: {_what_each_read(case)}"
     if case.step == 1:
-        summed = _check_all_reduce_mistake(case) is None and any(
+        added = summed(case) is None and any(
             source.function_at(case.source, c.get("line")) == "check_all_reduce"
             for c in _of(case.ranks[0], "collective", name="all_reduce"))
         joined = f"{world} ranks joined one group" + (f" and all-reduced {' + '.join(str(r + 1) for r in range(world))} "
-                                                      f"= {world * (world + 1) // 2}" if summed else "")
+                                                      f"= {world * (world + 1) // 2}" if added else "")
         return (f"{joined}; {case.epochs} epochs: {_what_each_read(case)}; {dev} and saved the model; every rank left "
                 f"the group")
     most, loss = max(spread, default=0.0), "the logged loss is the mean over all ranks"
     if case.step == 2:
-        replicas = (f"the replicas drifted apart (spread {spread[-1]:.3g} after the last step)" if most > 0 else
+        began = "started from the same weights, then " if all(_of(ev, "weights") for ev in case.ranks.values()) else ""
+        replicas = (f"the replicas {began}drifted apart (spread {spread[-1]:.3g} after the last step)" if most > 0 else
                     "the replicas stayed equal (spread 0.0 after every step)")
         return f"{reads}; {replicas}; {dev} and saved its replica; {loss}"
     equal = "0.0" if most == 0 else f"at most {most:.1g}"

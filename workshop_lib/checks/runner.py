@@ -1,16 +1,18 @@
-"""A learner's script on two fresh ranks (:class:`workshop_lib.lab.ranks.Ranks`) as ``torchrun --nnodes=2
---nproc_per_node=1`` would start it (LOCAL_RANK 0 on both, the store hosted here, Gloo on CPU), watched and recorded
-(:func:`run_item`), stopped as soon as it cannot end well (:func:`_why_stop`).
+"""A learner's script on fresh ranks (:class:`workshop_lib.lab.ranks.Ranks`; two unless the item says otherwise) as
+``torchrun --nnodes=N --nproc_per_node=1`` would start it (LOCAL_RANK 0 on each, the store hosted here, Gloo on CPU),
+as ``python script.py`` runs it (the script's folder first on ``sys.path``), watched and recorded (:func:`run_item`),
+stopped as soon as it cannot end well (:func:`_why_stop`).
 
 Why not under torchrun itself: the script runs as ``__main__`` with torchrun's variables and the recorder attached
 from outside, as ``torchrun -m`` would attach it, but a real torchrun costs each run a fresh interpreter per rank and
-an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 6 runs
-within its 30 s; forked ranks start from this process's imports."""
+an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 12 runs
+(6, and the probes of the data at 1 and 3 ranks) within its 15 s; forked ranks start from this process's imports."""
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import json
 import os
 import runpy
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from workshop_lib.checks.recorder import Recorder, recording
@@ -41,11 +44,15 @@ HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every ra
 
 @dataclass
 class Item:
-    """One run of one script: its argv and where its records go (``prefix``.rankR.jsonl ...)."""
+    """One run of one script: its argv, where its records go (``prefix``.rankR.jsonl ...), its working folder (None:
+    the course's) and how many ranks run it."""
 
     script: Path
     argv: list[str]
     prefix: Path
+    cwd: Path | None = None
+    world: int = WORLD
+    reads: int = 0  # > 0: a probe of the data alone (:class:`~workshop_lib.checks.recorder.Recorder`'s ``reads``)
 
     @property
     def hang(self) -> Path:
@@ -67,6 +74,23 @@ class Run:
 # ----------------------------------------------------------------------------- one rank
 
 
+class _Tail:
+    """This rank's stderr, written through, its last lines kept: what the script itself said before it left."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, ""
+
+    def write(self, text: str) -> int:
+        self.kept = (self.kept + text)[-2000:]
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+    def said(self) -> list[str]:
+        return [line for line in self.kept.splitlines() if line.strip()][-6:]
+
+
 def _ending(err: BaseException | None, script: str) -> dict:
     """How the script ended: ``ok``, ``exit`` (a non-zero SystemExit) or ``error``, and the script's line it left."""
     if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
@@ -80,12 +104,14 @@ def _ending(err: BaseException | None, script: str) -> dict:
             "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
 
 
-def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> dict:
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int = 0) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
     script = os.path.abspath(script)
-    rec = Recorder(prefix)
+    rec = Recorder(prefix, reads)
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
+    sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
+    tail = sys.stderr = _Tail(sys.stderr)
     hangwatch.attach(threshold=float(os.environ.get(hangwatch.AFTER_VARIABLE, HANG_AFTER)), record=hang_record,
                      poll=0.25)
     error: BaseException | None = None
@@ -95,10 +121,12 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str) -> d
     except BaseException as err:  # every way out is an outcome to report
         error = err
     finally:
-        sys.argv = saved_argv
+        sys.argv, sys.stderr = saved_argv, tail.stream
+        with contextlib.suppress(ValueError):
+            sys.path.remove(os.path.dirname(script))
         hangwatch.detach()  # says this rank left; the next script gets a watch of its own
     still_joined = dist.is_available() and dist.is_initialized()
-    end = rec.add("end", line=False, left_group=not still_joined, **_ending(error, script))
+    end = rec.add("end", line=False, left_group=not still_joined, said=tail.said(), **_ending(error, script))
     rec.close()
     if still_joined:  # a script that never left
         with contextlib.suppress(Exception):
@@ -111,7 +139,6 @@ def run_item(item: dict, log: str) -> None:
     keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
     import gc
 
-    import torch
 
     gc.freeze()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
@@ -123,9 +150,9 @@ def run_item(item: dict, log: str) -> None:
     for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
         os.environ.pop(name, None)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.chdir(lab_root())
+    os.chdir(item["cwd"])
     torch.set_num_threads(1)
-    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"])
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"])
     sys.stdout.flush()
 
 
@@ -150,8 +177,8 @@ def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
 
 
 def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
-    ranks = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(WORLD)}
-    params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(WORLD)}
+    ranks = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
+    params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
     return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
 
 
@@ -163,7 +190,7 @@ class _Progress:
 
     def update(self) -> None:
         now = time.monotonic()
-        for rank in range(WORLD):
+        for rank in range(self.item.world):
             prefix = f"{self.item.prefix}.rank{rank}"
             size = sum(p.stat().st_size for p in (Path(f"{prefix}.jsonl"), Path(f"{prefix}.params")) if p.is_file())
             if self.sizes.get(rank) != size:
@@ -187,42 +214,53 @@ def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
     ended; two ranks joined as one; a rank has ended and another is quiet; nobody is making progress; too long."""
     if hangreport.missing_rank(item.hang):
         return "hang"
-    ended = [r for r in range(WORLD) if _ended(item, r)]
+    world = range(item.world)
+    ended = [r for r in world if _ended(item, r)]
     blocks = hangreport.load(item.hang)
     if ended and any(b["missing"] and set(b["missing"]) <= set(ended) for b in blocks):
         return "left"
-    events = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(WORLD)}
+    events = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in world}
     given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
     if "none" not in given and given[0] is not None and len(set(given)) < len(given):
         return "joined as one rank"
-    if ended and any(r not in ended and progress.quiet(r) > LEFT_WAITING for r in range(WORLD)):
+    if ended and any(r not in ended and progress.quiet(r) > LEFT_WAITING for r in world):
         return "left waiting"
-    if all(progress.quiet(r) > STALL for r in range(WORLD)):
+    if all(progress.quiet(r) > STALL for r in world):
         return "stalled"
     if time.monotonic() - started > LIMIT:
         return "too long"
     return None
 
 
-def _env(rank: int, port: int) -> dict[str, str]:
-    """What ``torchrun --nnodes=2 --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
-    return launch_variables(rank, WORLD, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+def _env(rank: int, port: int, world: int = WORLD) -> dict[str, str]:
+    """What ``torchrun --nnodes=N --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
+    return launch_variables(rank, world, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=0, OMP_NUM_THREADS=1,
                             PYTHONUNBUFFERED=1, CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
 
 
+@functools.cache
+def _imports_of_a_first_step() -> None:
+    """What a script's first optimizer imports on its first use (torch.optim's compiler checks import sympy: seconds
+    on a loaded machine, in every rank, with nothing recorded meanwhile), imported here once: forked ranks inherit it."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])
+
+
 def run(item: Item) -> Run:
-    """Run ``item`` on two fresh ranks, stopping it as :func:`_why_stop` says; what the ranks did."""
-    # The group's store, hosted here as torchrun's agent hosts it: both ranks find it listening.
-    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
-    logs = [Path(f"{item.prefix}.rank{r}.log") for r in range(WORLD)]
-    envs = {r: _env(r, store.port) for r in range(WORLD)}
+    """Run ``item`` on fresh ranks, stopping it as :func:`_why_stop` says; what the ranks did."""
+    if start_method() == "fork":
+        _imports_of_a_first_step()
+    # The group's store, hosted here as torchrun's agent hosts it: every rank finds it listening.
+    world = range(item.world)
+    store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
+    logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
+    envs = {r: _env(r, store.port, item.world) for r in world}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
-    for r in range(WORLD):
+    for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
-            "hang": str(item.hang), "unset": unset}
-    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in range(WORLD)}, envs, start_method())
+            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads}
+    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
     progress, started, stopped = _Progress(item), time.monotonic(), None
     try:
         ranks.start()
@@ -235,7 +273,7 @@ def run(item: Item) -> Run:
     finally:
         ranks.stop()
         del store
-    ended = all(_ended(item, r) for r in range(WORLD))
+    ended = all(_ended(item, r) for r in world)
     if stopped is None and not ended:  # a rank's process ended without the script's end: killed, or crashed in C
         stopped = "died"
     elif stopped is not None and ended:  # it ended after all, while being stopped

@@ -23,7 +23,7 @@ def read_mistake(reads: Reads, n: int, epochs: int, what: str = "training molecu
         got = {r: reads[r][e] for r in sorted(reads)}
         counts = Counter(i for indices in got.values() for i in indices)
         whole = [r for r, indices in got.items() if len(set(indices)) >= n]
-        if whole:
+        if whole and world > 1:
             who = "every rank" if len(whole) == world else f"rank {whole[0]}"
             return "all", f"in epoch {e + 1} {who} read all {n} {what}"
         sizes = {len(indices) for indices in got.values()}

@@ -60,3 +60,21 @@ def global_rank_device_ids(text: str) -> tuple[int, str] | None:
                     if used or "get_rank" in ast.unparse(kw.value):
                         return node.lineno, ast.unparse(kw.value)
     return None
+
+
+def world_scale(text: str, line: int | None) -> tuple[int, str] | None:
+    """(line, expression) of a division or multiplication by the world size (dist.get_world_size(), or a name with
+    "world" in it) in the function that holds ``line``, before it, outside what is printed: what scaled a figure logged
+    at ``line`` that the all_reduce had already summed."""
+    tree = parse(text)
+    if tree is None or not line:
+        return None
+    printed = {id(n) for s in ast.walk(tree) if isinstance(s, ast.JoinedStr) for n in ast.walk(s)}
+    for node in sorted(ast.walk(scope(tree, line)), key=lambda n: getattr(n, "lineno", 0)):
+        op = node.op if isinstance(node, ast.BinOp | ast.AugAssign) and id(node) not in printed else None
+        if not isinstance(op, ast.Div | ast.FloorDiv | ast.Mult) or node.lineno > line:
+            continue
+        said = ast.unparse(node.right if isinstance(node, ast.BinOp) else node.value)
+        if "world" in said.lower():
+            return node.lineno, ast.unparse(node)
+    return None

@@ -1,7 +1,8 @@
 """Torch's own error, when a learner's DDP line causes it, to the cause and the fix: one table, :data:`KNOWN`.
 
 Each pattern is matched against torch's whole message; the tests raise each error from torch itself, so a release
-that rewords one shows."""
+that rewords one shows. Where the line that raised is not the one that set the error up, :data:`SET_UP` names the
+recorded call that did (the rules read its line from the record)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,25 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
      "a dist call came before the process group existed: call dist.init_process_group(backend) first, in setup"),
     (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs"),
      "nccl needs GPUs: use gloo on CPU (dist.get_default_backend_for_device picks it)"),
+    (re.compile(r"device_id parameter must be an accelerator with an index"),
+     "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
+     "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),
+    (re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of equal size"),
+     "the DataLoader has no collate_fn, so torch's default_collate stacks the items as they are, and they differ in "
+     "length: give it collate_fn=, a function that pads each batch (the workshop's collate, or your own with "
+     "torch.nn.utils.rnn.pad_sequence)"),
 )
+
+# torch's error -> the kind of recorded event whose call set it up, when that is not the line that raised
+SET_UP: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of equal size"),
+     "loader"),
+)
+
+
+def set_up_by(message: str) -> str | None:
+    """The kind of recorded event (:data:`SET_UP`) whose call set torch's ``message`` up; None: the line that raised."""
+    return next((kind for pattern, kind in SET_UP if pattern.search(message or "")), None)
 
 
 def explain(message: str) -> str | None:

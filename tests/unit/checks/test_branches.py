@@ -142,3 +142,21 @@ def test_unset_on_rank_names_the_name_set_only_under_a_rank_test(line, attribute
 
 def test_unset_on_rank_says_nothing_of_another_error():
     assert branches.unset_on_rank(SNAPSHOT, 10, "ZeroDivisionError", "division by zero", rank=1) is None
+
+
+GATHERED = '''def stop_early(loss, rank, world_size):
+    losses = [torch.zeros(1) for _ in range(world_size)] if rank == 0 else None
+    dist.gather(loss, losses, dst=0)
+    if rank == 0:
+        print(losses)
+    if losses and min(losses) < 0.1:
+        return True
+    return False
+'''
+
+
+def test_a_value_gathered_to_one_rank_and_tested_on_every_rank_is_found():
+    assert branches.decided_by_received(GATHERED, 3, "gather") == ("losses", 6, "losses and min(losses) < 0.1")
+    assert branches.decided_by_received(GATHERED.replace("    if losses and", "    if rank == 0 and losses and"), 3,
+                                        "gather") is None  # the test reads the rank: rank 0 alone decides
+    assert branches.decided_by_received(GATHERED, 3, "all_gather") is None  # every rank receives it

@@ -24,6 +24,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 from tools import build
@@ -171,7 +172,8 @@ MISTAKES = [
      "the ranks' collectives first differ: rank 0 called barrier at line <<dist.barrier()>>, rank 1 called "
      "loss.backward() (DDP's gradient all-reduce) at line <<loss.backward()>> (in train_epoch, called at line "
      "<<totals = train_epoch(>>); line <<dist.barrier()>> runs under `if rank == 0:` (line <<if rank == 0:  # rank 0 "
-     "alone evaluates;>>), called by rank 0 alone: call it on every rank, or move it out of the block"),
+     "alone evaluates;>>): a barrier that rank 0 alone reaches waits for ranks that never call it, a deadlock; call it "
+     "on every rank, or move it out of the block"),
     # replica_spread moved into rank 0's block: the same rule and branch as the barrier above (its run hangs the
     # same way) and as rank_skips_a_collective (a collective in a function called under the condition); the all_gather
     # named through its call: test_rules.py
@@ -182,11 +184,46 @@ MISTAKES = [
      "the all_reduce at line <<dist.all_reduce(totals>> averaged [loss sum, molecules] (op=AVG): the loss is right "
      "but the molecule count is halved (rank 0 logs 72 molecules in epoch 1, the ranks trained on 144), and every "
      "throughput figure with it: sum the totals (ReduceOp.SUM)"),
+    # Issue 46: a ✓ that was false, a mistake that 2 ranks hide, logged figures and torch's raw errors to their lines.
+    ("seed_per_rank_without_ddp", STEP2, [("        torch.manual_seed(cfg.seed)\n",
+                                           "        torch.manual_seed(cfg.seed + rank)  # each rank its own\n")],
+     "ranks 0 and 1 start from different weights (measured before the first optimizer step): torch.manual_seed at "
+     "line <<torch.manual_seed(cfg.seed + rank)>> (torch.manual_seed(cfg.seed + rank)  # each rank its own) seeds "
+     "each rank with its own number, so each builds its own initial model; give every rank the same seed"),
+    ("sampler_of_two_replicas", STEP2, [(SAMPLER, SAMPLER.replace("shuffle=True", "num_replicas=2, shuffle=True"))],
+     "at 3 ranks (the data is judged at 1 and 3 ranks too): rank 2 raised ValueError (line "
+     "<<DistributedSampler(dataset>>): Invalid rank 2, rank should be in the interval [0, 1]; rank 0's "
+     "DistributedSampler (line <<DistributedSampler(dataset>>) splits the data into 2 shard(s) (num_replicas=2), but 3 "
+     "ranks train: leave num_replicas out (the group's size) or pass dist.get_world_size()"),
+    ("totals_reduced_twice", STEP2, [(TOTALS, TOTALS + TOTALS.replace("  # summed", "  # again:"))],
+     "the totals were all-reduced twice, at line <<dist.all_reduce(totals)  # summed>> and again at line "
+     "<<dist.all_reduce(totals)  # again:>>: the second sums the sums (rank 0 logs 288 molecules in epoch 1, the "
+     "ranks trained on 144; the loss, a ratio, hides it): all_reduce them once"),
+    ("loss_divided_by_the_world", STEP2, [("(totals[0] / totals[1]).item(),", "(totals[0] / totals[1]).item() / "
+                                                                             "world_size,")],
+     "the logged loss of epoch 1 is "),  # then its value, the line it was logged at, and SCALED
+    ("device_id_on_cpu", STEP1, [(CPU_INIT, CPU_INIT.replace("))", "), device_id=device)"))],
+     "rank 0 raised ValueError (line <<dist.init_process_group(\"gloo\">>): init_process_group device_id parameter "
+     "must be an accelerator with an index; device_id binds the group to this process's GPU, and the device given is "
+     "the CPU: pass device_id only on a GPU"),
+    ("no_collate_fn", STEP2, [("sampler=sampler, collate_fn=collate)", "sampler=sampler)")],
+     "; line <<return DataLoader(dataset, batch_size=batch_size, sampler=sampler)>> (return DataLoader(dataset, "
+     "batch_size=batch_size, sampler=sampler)) built the loader it read; the DataLoader has no collate_fn, so torch's "
+     "default_collate stacks the items as they are, and they differ in length"),
+    ("reduce_decides_though_no_rank_left", STEP3,
+     [(TOTALS, "            dist.reduce(totals, dst=0)  # summed on rank 0\n            if totals[1].item() < 0:  "
+               "# never true: this run does not diverge\n                break\n")],
+     "dist.reduce (line <<dist.reduce(totals, dst=0)>>) delivers totals to its dst rank alone, yet line "
+     "<<if totals[1].item() < 0:>> (`totals[1].item() < 0`) decides from it on every rank: each other rank decides "
+     "from its own value; use dist.all_reduce where every rank uses it"),
     ("snapshot_out_of_rank_0s_block", STEP4, [(SNAPSHOT_LINES, SNAPSHOT_LINES.replace(" " * 16, " " * 12))],
      "rank 1 raised AttributeError (line <<snapshot.update(>>): 'NoneType' object has no attribute 'world_size'; "
      "report is None on rank 1, set only where `rank == 0` holds (line <<report = Reporter(>>): run line "
      "<<snapshot.update(>> under the same condition, or create report on every rank"),
 ]
+SCALED = (": line <<(totals[0] / totals[1]).item() / world_size>> ((totals[0] / totals[1]).item() / world_size) "
+          "divides by the world size (2) a loss that the totals summed over every rank already made the mean; divide "
+          "the summed loss by the summed molecules")
 DEVICE_IDS = "; device_ids names a GPU, and this model is on the CPU: give DDP no device_ids on CPU"
 EARLY_CAUSE = ("the break at line <<                    break>> runs under `if rank == 0:` (line "
                "<<if rank == 0:  # rank 0 alone evaluates>>), on rank 0 alone")
@@ -283,6 +320,8 @@ def test_each_mistake_is_named(verdicts, name, expected):
         assert _expected(EARLY_CAUSE, text) in line, line
     if name == "device_ids_on_cpu":
         assert DEVICE_IDS in line, line
+    if name == "loss_divided_by_the_world":
+        assert _expected(SCALED, text) in line, line
     if name == "load_without_barrier":
         assert "put dist.barrier() after the save, before any rank loads the file" in line, line
 
@@ -293,7 +332,7 @@ def test_each_line_states_what_was_measured(verdicts):
     assert verdicts["step3"][1] == (
         "step3_ddp.py: 2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each "
         "epoch; spread after every step 0.0; rank 0 alone evaluated all 36 dev molecules each epoch and saved the "
-        "plain model; the logged loss is the mean over all ranks")
+        "plain model; the logged loss is the mean over all ranks; at 1 and 3 ranks the shards held too")
     assert "note: find_unused_parameters=True" in verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1]
 
 
@@ -317,11 +356,36 @@ def test_a_partly_filled_exercise_is_run_not_called_unstarted(tmp_path):
     assert script.not_started(build.EXERCISES / "step1_process_group_todo.py", 1)
 
 
-def test_the_step_comes_from_the_name_or_the_flag(tmp_path):
+def test_the_step_comes_from_the_name_or_the_flag_and_any_other_script_is_none(tmp_path):
     assert script.step_of(tmp_path / "step2_sampler.py") == 2
     assert script.step_of(tmp_path / "mine.py", 3) == 3
-    with pytest.raises(script.WorkshopError, match=r"cannot tell the step of .*mine.py from its name; pass --step N"):
-        script.step_of(tmp_path / "mine.py")
+    assert script.step_of(tmp_path / "mine.py") is None  # any DDP script: the rules that hold for any
+    assert script.step_of(tmp_path / "mine_step2_sampler.py") == 2
+    assert script.step_of(tmp_path / "train_step2.py") is None
+    with pytest.raises(script.WorkshopError, match=r"--step 7 has no script check"):
+        script.step_of(tmp_path / "mine.py", 7)
+
+
+@pytest.mark.timeout(60)
+def test_what_is_not_a_python_script_is_refused_in_one_line_with_exit_2(tmp_path, capsys):
+    """A shell script, a binary file, a missing file: one line each, exit 2, nothing run. A Python file that does not
+    compile: its file:line and the message, exit 1 (the learner's mistake)."""
+    shell = tmp_path / "train.sh"
+    shell.write_text("#!/bin/bash\ntorchrun --nproc_per_node=2 train.py 4 2\n")
+    weights = tmp_path / "model.pt"
+    torch.save({"w": torch.ones(3)}, weights)
+    broken = tmp_path / "train.py"
+    broken.write_text("import torch\n\ndef main(:\n    pass\n")
+    cases = [(shell, 2, "train.sh is not a Python script (its first line, #!/bin/bash, runs another program)"),
+             (weights, 2, "model.pt is not a Python script (binary data, not text)"),
+             (tmp_path / "gone.py", 2, f"{tmp_path / 'gone.py'}: no such file"),
+             (REPO / "notebooks" / "02_distributed_sampler.ipynb", 2, "02_distributed_sampler.ipynb is a notebook, not "
+                                                                      "a Python script"),
+             (broken, 1, "train.py:3: invalid syntax; fix the syntax")]
+    for path, code, says in cases:
+        assert script.main([str(path), "4", "2"]) == code
+        out = capsys.readouterr().out
+        assert out.startswith(f"\N{BALLOT X} {says}") and out.count("\n") == 1, out
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from workshop_lib.checks.common import CheckFailed, run_forked
-from workshop_lib.checks.torch_errors import explain
+from workshop_lib.checks.torch_errors import explain, set_up_by
 
 
 @pytest.fixture
@@ -47,6 +47,12 @@ CASES = {
     "not joined": (lambda: dist.get_rank(), "call dist.init_process_group(backend) first"),
     "set_epoch of a loader's own sampler": (lambda: DataLoader(list(range(8)), shuffle=True).sampler.set_epoch(1),
                                             "sampler=DistributedSampler(dataset)"),
+    "device_id on CPU": (lambda: dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                                         device_id=torch.device("cpu")),
+                         "pass device_id only on a GPU"),
+    "items of different lengths, no collate_fn": (lambda: next(iter(DataLoader([torch.ones(3), torch.ones(2)],
+                                                                               batch_size=2))),
+                                                  "give it collate_fn=, a function that pads each batch"),
 }
 JOINED = {
     "saved from the wrapper": (lambda: nn.Linear(3, 1).load_state_dict(DDP(nn.Linear(3, 1)).state_dict()),
@@ -74,6 +80,11 @@ def test_each_error_torch_raises_for_a_mistake_is_explained(case):
 def test_each_error_torch_raises_in_a_group_is_explained(case, world_of_one):
     fn, says = JOINED[case]
     assert says in (explain(_raised(fn)) or ""), _raised(fn)
+
+
+def test_the_collate_error_is_set_up_by_the_loader_and_the_others_where_they_raise():
+    assert set_up_by(_raised(CASES["items of different lengths, no collate_fn"][0])) == "loader"
+    assert set_up_by(_raised(CASES["device_id on CPU"][0])) is None
 
 
 def test_an_error_of_another_kind_is_left_to_torchs_words():

@@ -37,8 +37,8 @@ STATIC_DEFAULT_PORT = 29500  # torchrun's --master-port when one is needed and n
 # Each rank joins through env:// and says where torchrun sent it, and which rendezvous run it belongs to.
 SAY_WHERE = ("import os, torch, torch.distributed as dist; dist.init_process_group('gloo'); "
              "dist.all_reduce(torch.ones(1)); "
-             "print('rank', dist.get_rank(), 'port', os.environ['MASTER_PORT'], 'run', "
-             "os.environ['TORCHELASTIC_RUN_ID'], flush=True); dist.destroy_process_group()")
+             "os.write(1, f\"rank {dist.get_rank()} port {os.environ['MASTER_PORT']} run "
+             "{os.environ['TORCHELASTIC_RUN_ID']}\\n\".encode()); dist.destroy_process_group()")  # one write: lines whole
 _SAID = re.compile(r"^rank (\d) port (\d+) run (\S+)$", re.MULTILINE)
 
 
@@ -87,14 +87,17 @@ def _two_units():
     return model
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_the_root_unit_keeps_its_gathered_parameters_after_forward(world_of_one):
-    """04b §1 and 06 §2: after forward a unit frees its gathered parameters by default, except the root:
-    ``reshard_after_forward=None`` (the default) means True for every other unit and False for the root
-    (torch/distributed/fsdp/_fully_shard/_fully_shard.py), whose weights backward needs first. So with
-    ``fully_shard`` on the whole model only (04b §1), nothing is freed after forward and backward gathers nothing:
-    an all-gather and a reduce-scatter a step, DDP's all-reduce's bytes."""
+def _spawned(body) -> None:
+    """``body()`` in a fresh spawned process (its exceptions raised here). FSDP2's backward on CPU starts autograd's
+    threads, and torch 2.15 refuses autograd in a rank forked from a process that has started them: run here, in a
+    pytest worker, it would fail the later tests of that worker that fork ranks."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(body)
+
+
+def _root_keeps_its_weights() -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -113,12 +116,7 @@ def test_the_root_unit_keeps_its_gathered_parameters_after_forward(world_of_one)
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(60)
-def test_an_optimizer_built_before_fully_shard_trains_nothing(world_of_one):
-    """06 §2: the optimizer is built after ``fully_shard`` because ``fully_shard`` replaces every parameter with a
-    new ``nn.Parameter`` (a DTensor): an optimizer built before holds the old tensors, which get no gradient, and
-    its step changes nothing, silently."""
+def _an_early_optimizer_trains_nothing() -> None:
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -142,3 +140,23 @@ def test_an_optimizer_built_before_fully_shard_trains_nothing(world_of_one):
         assert not all(torch.equal(b, p.detach().full_tensor()) for b, p in zip(before, new, strict=True))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_the_root_unit_keeps_its_gathered_parameters_after_forward(world_of_one):
+    """04b §1 and 06 §2: after forward a unit frees its gathered parameters by default, except the root:
+    ``reshard_after_forward=None`` (the default) means True for every other unit and False for the root
+    (torch/distributed/fsdp/_fully_shard/_fully_shard.py), whose weights backward needs first. So with
+    ``fully_shard`` on the whole model only (04b §1), nothing is freed after forward and backward gathers nothing:
+    an all-gather and a reduce-scatter a step, DDP's all-reduce's bytes."""
+    _spawned(_root_keeps_its_weights)  # its backward stays out of this worker, whose later tests fork ranks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_an_optimizer_built_before_fully_shard_trains_nothing(world_of_one):
+    """06 §2: the optimizer is built after ``fully_shard`` because ``fully_shard`` replaces every parameter with a
+    new ``nn.Parameter`` (a DTensor): an optimizer built before holds the old tensors, which get no gradient, and
+    its step changes nothing, silently."""
+    _spawned(_an_early_optimizer_trains_nothing)  # its backward stays out of this worker, whose later tests fork ranks

@@ -32,9 +32,10 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
      "sampler=DistributedSampler(dataset)"),
     (re.compile(r"Default process group has not been initialized"),
      "a dist call came before the process group existed: call dist.init_process_group(backend) first, in setup"),
-    (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs"),
+    (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs|"
+                r"nccl2? requires at least one CUDA device"),  # a CPU build; a CUDA build without GPUs (2.15)
      "nccl needs GPUs: use gloo on CPU (dist.get_default_backend_for_device picks it)"),
-    (re.compile(r"device_id parameter must be an accelerator with an index"),
+    (re.compile(r"device_id parameter must be (?:an accelerator with an index|a device with a valid index)"),  # 2.13|2.15
      "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
      "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),
     (re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of equal size"),

@@ -159,7 +159,7 @@ def run_item(item: dict, log: str) -> None:
 # ----------------------------------------------------------------------------- the pair, from outside
 
 
-def _read(path: Path) -> list[dict]:
+def read_events(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
@@ -177,7 +177,7 @@ def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
 
 
 def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
-    ranks = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
+    ranks = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
     params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
     return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
 
@@ -219,7 +219,7 @@ def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
     blocks = hangreport.load(item.hang)
     if ended and any(b["missing"] and set(b["missing"]) <= set(ended) for b in blocks):
         return "left"
-    events = {r: _read(Path(f"{item.prefix}.rank{r}.jsonl")) for r in world}
+    events = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in world}
     given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
     if "none" not in given and given[0] is not None and len(set(given)) < len(given):
         return "joined as one rank"
@@ -232,7 +232,7 @@ def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
     return None
 
 
-def _env(rank: int, port: int, world: int = WORLD) -> dict[str, str]:
+def rank_env(rank: int, port: int, world: int = WORLD) -> dict[str, str]:
     """What ``torchrun --nnodes=N --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
     return launch_variables(rank, world, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                             TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=0, OMP_NUM_THREADS=1,
@@ -254,7 +254,7 @@ def run(item: Item) -> Run:
     world = range(item.world)
     store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
     logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
-    envs = {r: _env(r, store.port, item.world) for r in world}
+    envs = {r: rank_env(r, store.port, item.world) for r in world}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
     for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)

@@ -81,7 +81,7 @@ def machine() -> dict:
 
 
 def torchrun(nproc: int, script: Path, *args: object) -> list[str]:
-    from workshop_lib.lab.launch import torchrun_argv
+    from workshop_lib.launching.launch import torchrun_argv
 
     return torchrun_argv(script, nproc, args=args)
 

@@ -52,7 +52,7 @@ def run(nprocs: int, lr: float, seed: int, flags: list[str], timeout: float) -> 
         from benchmarks.bench import child_env
     except ImportError:  # run as a script: benchmarks/ itself is on sys.path
         from bench import child_env
-    from workshop_lib.lab.launch import torchrun_argv
+    from workshop_lib.launching.launch import torchrun_argv
 
     with tempfile.TemporaryDirectory(prefix="lr-scaling-") as out:
         cmd = torchrun_argv(STEP3, nprocs, args=["--lr", repr(lr), "--seed", seed, "--out", out, "--no-tensorboard",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
@@ -126,7 +126,7 @@ def raises_in_process(exception, match: str | None = None):
     is dropped before gloo's worker thread has released its last tensor of that collective (it needs the GIL),
     ~ProcessGroupGloo joins that thread while holding the GIL, and both wait for ever. A pause keeps the frames
     (and so the group) alive while the thread finishes; the lab's forked ranks do the same before they leave
-    (``workshop_lib.lab.joining.let_gloo_finish``).
+    (``workshop_lib.launching.joining.let_gloo_finish``).
     """
     with pytest.raises(exception, match=match) as info:
         yield info

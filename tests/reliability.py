@@ -27,7 +27,7 @@ from filelock import FileLock
 
 from tests.conftest import REPO, SOLUTIONS, cpu_env
 from workshop_lib.debug.stacks import pyspy_exe
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 STEP3 = SOLUTIONS / "step3_ddp.py"
 STEP4 = SOLUTIONS / "step4_snapshots.py"  # step 3 with snapshots: the script that survives restarts

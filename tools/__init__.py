@@ -5,7 +5,7 @@
     python -m tools.selftest   # is this machine ready for the lab? one line
     python -m tools.jupyter_settings   # the lab's JupyterLab settings, into this environment
 
-What a learner's kernel calls stays in the package (``workshop_lib.lab.scripts``: ``write_script``); the
+What a learner's kernel calls stays in the package (``workshop_lib.authoring.scripts``: ``write_script``); the
 site's Sphinx extension lives beside the pages it serves, in ``docs/_ext/``. These modules import the package,
 never the other way round (``lint-imports``).
 """

@@ -66,7 +66,7 @@ from datetime import datetime
 from pathlib import Path
 
 from tools import ROOT
-from workshop_lib.lab.spans import BEGIN, exercise_source
+from workshop_lib.authoring.spans import BEGIN, exercise_source
 
 WORDS_PER_MIN, LINES_PER_MIN, MIN_PER_EXERCISE, MIN_PER_FIGURE, MIN_PER_COMMAND = 150, 15, 8, 1, 1
 _READING = re.compile(r"Read \((\d+) min\)")

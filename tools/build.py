@@ -10,9 +10,9 @@ outputs) are the source. From each this writes
   left out (a debugging lab's explanation: the learner reads it in the worked
   notebook, after the run and the check).
 
-A script's text is the one a learner's ``write_script`` writes (:mod:`workshop_lib.lab.scripts`); solution
+A script's text is the one a learner's ``write_script`` writes (:mod:`workshop_lib.authoring.scripts`); solution
 spans (``### BEGIN SOLUTION``, nbgrader's markers) and a debugging lab's broken blocks:
-:mod:`workshop_lib.lab.spans`. Run from the repository root::
+:mod:`workshop_lib.authoring.spans`. Run from the repository root::
 
     python -m tools.build            # rewrite every generated file
     python -m tools.build --check    # exit 1 and name each stale file
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from tools import ROOT, budget
 from tools.execute import execute
-from workshop_lib.lab.scripts import GENERATED_BY, _kind, exercise_file, script_names, script_text, solution_notebooks
-from workshop_lib.lab.spans import BROKEN_BEGIN, TODO_RAISE, exercise_source, has_spans, solution_source
+from workshop_lib.authoring.scripts import GENERATED_BY, _kind, exercise_file, script_names, script_text, solution_notebooks
+from workshop_lib.authoring.spans import BROKEN_BEGIN, TODO_RAISE, exercise_source, has_spans, solution_source
 
 NOTEBOOKS = ROOT / "notebooks"
 SOLUTIONS = ROOT / "solutions"
@@ -171,6 +171,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from workshop_lib.lab.cli import run_cli
+    from workshop_lib.cli import run_cli
 
     raise SystemExit(run_cli(main))

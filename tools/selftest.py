@@ -145,7 +145,7 @@ def check_kernel(python: str | None = None) -> Result:
 
 def check_all_reduce(timeout: float = 30.0, rank_code: str = RANK) -> Result:
     """Two processes, one Gloo group, one all-reduce; stopped after ``timeout`` s."""
-    from workshop_lib.lab.processes import kill_tree
+    from workshop_lib.launching.processes import kill_tree
 
     start = time.monotonic()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -197,8 +197,8 @@ def check_dataset(path: Path | None = None) -> Result:
 
 def check_jupyterlab(timeout: float = 60.0, command: list[str] | None = None) -> Result:
     """A real JupyterLab server: started, asked for the lab's page, stopped."""
-    from workshop_lib.lab.launch import free_port
-    from workshop_lib.lab.processes import kill_tree
+    from workshop_lib.launching.launch import free_port
+    from workshop_lib.launching.processes import kill_tree
 
     port, token = free_port(), secrets.token_hex(8)
     command = command or [sys.executable, "-m", "jupyterlab"]
@@ -308,6 +308,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from workshop_lib.lab.cli import run_cli
+    from workshop_lib.cli import run_cli
 
     raise SystemExit(run_cli(main))

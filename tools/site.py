@@ -116,6 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from workshop_lib.lab.cli import run_cli
+    from workshop_lib.cli import run_cli
 
     raise SystemExit(run_cli(main))

@@ -1,5 +1,5 @@
 """The lab's checks under one name: ``from workshop_lib import check`` in a notebook, then ``check.shards(...)``;
-and the command ``python -m workshop_lib.check``, the script checker (:mod:`workshop_lib.checks.script`).
+and the command ``python -m workshop_lib.check``, the script checker (:mod:`workshop_lib.engine.script`).
 
 Each check lives in the module of its idea (:data:`CHECKS` says which); this module imports it when a cell first
 uses it, so importing the facade costs nothing.
@@ -9,50 +9,50 @@ from __future__ import annotations
 
 import importlib
 
-# check name -> (module of workshop_lib.checks, its function)
+# check name -> (its module, under workshop_lib, and its function)
 CHECKS = {
     # every notebook
-    "predict_first": ("common", "predict_first"),  # the gate before a run that shows the answer
-    "script": ("script", "check"),  # the learner's step script, run on 2 ranks and judged
+    "predict_first": ("engine.common", "predict_first"),  # the gate before a run that shows the answer
+    "script": ("engine.script", "check"),  # the learner's step script, run on 2 ranks and judged
     # 01
-    "all_reduce": ("group", "all_reduce"),
-    "collectives_prediction": ("group", "collectives_prediction"),
-    "process_group": ("made_up_rank", "process_group"),
+    "all_reduce": ("checks.group", "all_reduce"),
+    "collectives_prediction": ("checks.group", "collectives_prediction"),
+    "process_group": ("engine.made_up_rank", "process_group"),
     # 02
-    "shards": ("sampler", "shards"),
-    "spread_prediction": ("sampler", "spread_prediction"),
+    "shards": ("checks.sampler", "shards"),
+    "spread_prediction": ("checks.sampler", "spread_prediction"),
     # 03
-    "speedup_prediction": ("ddp", "speedup_prediction"),
-    "token_rates": ("ddp", "token_rates"),
-    "terminal_run": ("ddp", "terminal_run"),
+    "speedup_prediction": ("checks.ddp", "speedup_prediction"),
+    "token_rates": ("checks.ddp", "token_rates"),
+    "terminal_run": ("checks.ddp", "terminal_run"),
     # 04a
-    "accumulation": ("patterns", "accumulation"),
-    "allreduce_count": ("patterns", "allreduce_count"),
-    "autocast": ("patterns", "autocast"),
-    "recording_allreduces": ("patterns", "recording_allreduces"),
-    "two_node_command": ("nodes", "two_node_command"),
+    "accumulation": ("checks.patterns", "accumulation"),
+    "allreduce_count": ("checks.patterns", "allreduce_count"),
+    "autocast": ("checks.patterns", "autocast"),
+    "recording_allreduces": ("checks.patterns", "recording_allreduces"),
+    "two_node_command": ("checks.nodes", "two_node_command"),
     # 04b
-    "by_hand": ("by_hand", "by_hand"),
+    "by_hand": ("checks.by_hand", "by_hand"),
     # 05
-    "run_broken": ("hang_labs", "run_broken"),
-    "run_in_terminal": ("hang_labs", "run_in_terminal"),
-    "predict_hang": ("hang_labs", "predict"),
-    "hang": ("hang_labs", "check"),
-    "hang_fix": ("hang_labs", "check_fix"),
+    "run_broken": ("checks.hang_labs", "run_broken"),
+    "run_in_terminal": ("checks.hang_labs", "run_in_terminal"),
+    "predict_hang": ("checks.hang_labs", "predict"),
+    "hang": ("checks.hang_labs", "check"),
+    "hang_fix": ("checks.hang_labs", "check_fix"),
     # 06
-    "compiled_ddp": ("beyond", "compiled_ddp"),
-    "counting_backend": ("beyond", "counting_backend"),
-    "share_prediction": ("beyond", "share_prediction"),
-    "fsdp": ("beyond", "fsdp"),
-    "resume": ("beyond", "resume"),
+    "compiled_ddp": ("checks.beyond", "compiled_ddp"),
+    "counting_backend": ("checks.beyond", "counting_backend"),
+    "share_prediction": ("checks.beyond", "share_prediction"),
+    "fsdp": ("checks.beyond", "fsdp"),
+    "resume": ("checks.beyond", "resume"),
 }
 
-# what a check cell names besides the checks -> (module of workshop_lib.checks, its name)
+# what a check cell names besides the checks -> (its module, under workshop_lib, and its name)
 NAMES = {
-    "SAME_GLOBAL": ("ddp", "SAME_GLOBAL"),  # 03's speed-up: the three runs speedup_prediction compares
-    "SAME_PER_RANK": ("ddp", "SAME_PER_RANK"),
-    "DDP_RUN": ("ddp", "DDP_RUN"),
-    "MLP": ("beyond", "MLP"),  # 06: the model that compiles whole and fills four buckets
+    "SAME_GLOBAL": ("checks.ddp", "SAME_GLOBAL"),  # 03's speed-up: the three runs speedup_prediction compares
+    "SAME_PER_RANK": ("checks.ddp", "SAME_PER_RANK"),
+    "DDP_RUN": ("checks.ddp", "DDP_RUN"),
+    "MLP": ("checks.beyond", "MLP"),  # 06: the model that compiles whole and fills four buckets
 }
 
 
@@ -61,7 +61,7 @@ def __getattr__(name: str):
     if found is None:
         raise AttributeError(f"workshop_lib.check has no check {name!r}; the checks are {', '.join(sorted(CHECKS))}")
     module, attribute = found
-    return getattr(importlib.import_module(f"workshop_lib.checks.{module}"), attribute)
+    return getattr(importlib.import_module(f"workshop_lib.{module}"), attribute)
 
 
 def __dir__() -> list[str]:
@@ -69,7 +69,7 @@ def __dir__() -> list[str]:
 
 
 if __name__ == "__main__":
-    from workshop_lib.checks.script import _exit_with_verdict
-    from workshop_lib.lab.cli import run_cli
+    from workshop_lib.cli import run_cli
+    from workshop_lib.engine.script import _exit_with_verdict
 
     raise SystemExit(run_cli(_exit_with_verdict))

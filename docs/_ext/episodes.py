@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import ROOT, budget, build
-from workshop_lib.lab import spans
+from workshop_lib.authoring import spans
 
 CORE = ("00_", "01_", "02_", "03_")  # the core path of the 3-hour lab; the rest are optional parts
 DOCS = ROOT / "docs"

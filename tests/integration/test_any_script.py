@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from workshop_lib.checks import script
+from workshop_lib.engine import script
 
 ELSEWHERE = REPO / "tests" / "workers" / "elsewhere"
 TEXT = (ELSEWHERE / "train.py").read_text()

@@ -403,7 +403,7 @@ def test_the_small_bucket_cap_sentence_counts_the_parameters_it_exceeds():
     """04b §4: bucket_cap_mb=0.005 is less than some of the model's parameters and more than the others."""
     from workshop_lib.config import TrainConfig
     from workshop_lib.data import load_splits
-    from workshop_lib.lab.timeline import SMALL_CAP_MB
+    from workshop_lib.figures.timeline import SMALL_CAP_MB
     from workshop_lib.model import SmilesLSTM
 
     cap = int(SMALL_CAP_MB * 2**20)

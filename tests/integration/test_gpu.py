@@ -19,7 +19,7 @@ import torch
 from tests.conftest import LAUNCH_VARS, REPO, SOLUTIONS
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 from workshop_lib.model import SmilesLSTM
 
 pytestmark = pytest.mark.gpu  # conftest skips these with a reason when no CUDA GPU is visible

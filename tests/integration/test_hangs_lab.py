@@ -17,10 +17,11 @@ import pytest
 
 from tools import build
 from workshop_lib.checks import hang_labs, hang_runs
-from workshop_lib.checks.common import CheckFailed
 from workshop_lib.debug import hangreport
-from workshop_lib.lab import forklaunch, sequences
-from workshop_lib.lab.launch import LaunchError, torchrun
+from workshop_lib.engine.common import CheckFailed
+from workshop_lib.figures import sequences
+from workshop_lib.launching import forklaunch
+from workshop_lib.launching.launch import LaunchError, torchrun
 
 # Where each rank of each broken lab stops, {rank: (call, line of train())}: what a learner reads.
 HANGS = {
@@ -361,7 +362,7 @@ def test_each_prediction_of_05_is_a_call_and_an_exact_line():
 def _source(where: str, lab: str | None) -> list[str] | None:
     """The lines a stored output quotes from: a lab's train() cell or shared cell (as the exercise gives them), a lab
     script, or a file of the repository; None for torch's own files."""
-    from workshop_lib.lab.spans import exercise_source
+    from workshop_lib.authoring.spans import exercise_source
 
     if where in ("train-cell", "shared-cell"):
         nb = nbformat.read(build.NOTEBOOKS / hang_labs.NOTEBOOK, as_version=4)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHIPPED, SOLUTIONS, copy_package_source, cpu_env
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 
 def _site_packages(python: Path) -> Path:

@@ -30,7 +30,7 @@ import pytest
 
 from tests.conftest import REPO, cpu_env
 from tools import jupyter_settings
-from workshop_lib.lab.launch import free_port
+from workshop_lib.launching.launch import free_port
 
 # 02 has both kinds of rich output: launch.torchrun's epoch bar (a widget) and matplotlib figures.
 # (Each notebook adds ~15 s; nbval already runs all of them.)

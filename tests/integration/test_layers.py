@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import REPO, SHIPPED, SOLUTIONS, copy_package_source, cpu_env
 
-TOOLS = ("workshop_lib.debug", "workshop_lib.lab", "workshop_lib.checks", "workshop_lib.scaling")
+TOOLS = ("workshop_lib.debug", "workshop_lib.launching", "workshop_lib.figures", "workshop_lib.authoring",
+         "workshop_lib.engine", "workshop_lib.checks", "workshop_lib.scaling")
 
 # Each script in turn, in one process: what is loaded after it (its own and the scripts' before it), what it patched.
 _LOADED = """
@@ -101,8 +102,9 @@ def test_a_wheel_holds_the_core_and_the_instruments_and_none_of_the_course_tooli
     assert wheel.read(f"workshop_lib/dataset/{SHIPPED.name}") == SHIPPED.read_bytes()
     core = {f"workshop_lib/{m}.py" for m in ("config", "data", "model", "metrics", "report", "checkpoint", "split")}
     instruments = {"workshop_lib/watch.py", "workshop_lib/check.py", "workshop_lib/debug/hangwatch.py",
-                   "workshop_lib/checks/rules.py", "workshop_lib/lab/launch.py", "workshop_lib/lab/forklaunch.py",
-                   "workshop_lib/lab/plots.py", "workshop_lib/lab/scripts.py", "workshop_lib/scaling/cost.py"}
+                   "workshop_lib/engine/rules.py", "workshop_lib/launching/launch.py",
+                   "workshop_lib/launching/forklaunch.py",
+                   "workshop_lib/figures/plots.py", "workshop_lib/authoring/scripts.py", "workshop_lib/scaling/cost.py"}
     assert core <= in_wheel and instruments <= in_wheel
     tooling = sorted(n for n in names if n.endswith(".py") and Path(n).stem in TOOLING)
     assert tooling == [], f"the wheel holds the course's tooling: {tooling}"

@@ -20,8 +20,9 @@ from tests.conftest import REPO, SOLUTIONS
 STEPS = sorted(p.stem for p in SOLUTIONS.glob("step*.py"))
 SCRIPTS = sorted(p.stem for p in SOLUTIONS.glob("*.py"))  # the steps and the hang labs' scripts
 DISTRIBUTED = [s for s in STEPS if not s.startswith("step0")]
-TOOLS = ("workshop_lib.distributed", "workshop_lib.debug", "workshop_lib.checks", "workshop_lib.lab",
-         "workshop_lib.scaling", "workshop_lib.watch")
+TOOLS = ("workshop_lib.distributed", "workshop_lib.debug", "workshop_lib.checks", "workshop_lib.engine",
+         "workshop_lib.launching", "workshop_lib.figures", "workshop_lib.authoring", "workshop_lib.scaling",
+         "workshop_lib.watch")
 # The course's tooling, outside the package: tools/ and the site's extension (docs/_ext/, on Sphinx's path).
 COURSE_TOOLING = ("tools", *(p.stem for p in (REPO / "docs" / "_ext").glob("*.py")))
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.reliability import RUN, STEP4, Launch, listening_port, reference_metrics, same_results, stop
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 FAULT_WORKER = REPO / "tests" / "workers" / "fault_worker.py"
 

@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import REPO
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import forklaunch, spawning
+from workshop_lib.launching import forklaunch, spawning
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 

@@ -2,7 +2,7 @@
 (step 4's run is the uninterrupted one that the fault tests compare with: tests.reliability.reference_run).
 
 Steps 1 and 2 run under torchrun in notebooks 01 and 02 (nbval replays them in this suite), and the checker's
-test (tests/unit/checks/test_script.py) runs every solution on two ranks and asserts what each rank read, how far
+test (tests/unit/engine/test_script.py) runs every solution on two ranks and asserts what each rank read, how far
 the replicas drifted and what the logged loss covers: a torchrun of them here would measure nothing more. A table
 in BBBP's layout (test_data.py::test_bbbp_layout_is_detected) and TensorBoard's event files (the core's Reporter:
 test_plots.py::test_the_reporter_writes_each_epoch_to_tensorboard) are the core's, whatever script runs it.

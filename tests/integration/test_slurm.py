@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import REPO, cpu_env
 from tests.reliability import RUN, environ_of, reference_metrics, same_results
-from workshop_lib.lab.launch import free_port, torchrun_argv
+from workshop_lib.launching.launch import free_port, torchrun_argv
 
 SBATCH = REPO / "slurm" / "ddp.sbatch"
 DAEMONS = ("munged", "slurmctld", "slurmd")

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.reliability import Launch, stop, torchrun
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 DETAIL_REPRO = REPO / "tests" / "workers" / "detail_ddp_segfault.py"
 

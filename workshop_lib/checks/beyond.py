@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workshop_lib.checks.common import CheckFailed, _call, _passed, as_share, is_number, judge_prediction, raised, run_forked
+from workshop_lib.engine.common import CheckFailed, _call, _passed, as_share, is_number, judge_prediction, raised, run_forked
 
 MLP_BUCKETS = 4  # DDP's buckets of MLP() at bucket_cap_mb=1: the last Linear with the one before, then one each
 

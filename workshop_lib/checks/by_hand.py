@@ -14,7 +14,7 @@ from unittest import mock
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, raised, run_forked, still_todo
+from workshop_lib.engine.common import CheckFailed, _passed, raised, run_forked, still_todo
 
 LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, is_number, judge_prediction
+from workshop_lib.engine.common import CheckFailed, _passed, is_number, judge_prediction
 
 SAME_GLOBAL, SAME_PER_RANK, DDP_RUN = "1x2, batch 128", "1x2, batch 64", "2x1, batch 64 each"
 
@@ -83,7 +83,7 @@ def terminal_run(out, path) -> None:
     """The learner's own torchrun of step 3: its metrics.json (newer than the script) and model.pt, judged."""
     from pathlib import Path
 
-    from workshop_lib.checks.rules import read_metrics
+    from workshop_lib.engine.rules import read_metrics
 
     out, path = Path(out), Path(path)
     metrics = read_metrics(out)

@@ -11,9 +11,9 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from workshop_lib.checks.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, said, still_todo
-from workshop_lib.checks.recorder import Collectives, Recorder
 from workshop_lib.debug import collectives, frames
+from workshop_lib.engine.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, said, still_todo
+from workshop_lib.engine.recorder import Collectives, Recorder
 
 
 def _record_all_reduce(env, fn: Callable) -> dict:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workshop_lib.checks.common import CheckFailed, _missed, _passed
 from workshop_lib.checks.hang_runs import BATCH, NOTEBOOK, TIMEOUT, TRAIN_CELL, Run, launch, terminal, train_offset
-from workshop_lib.lab import sequences
+from workshop_lib.engine.common import CheckFailed, _missed, _passed
+from workshop_lib.figures import sequences
 
 # The calls a reading may name, as the record names them (a collective, or DDP's backward or forward)
 CALLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "backward", "forward")

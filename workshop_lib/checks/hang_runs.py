@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from workshop_lib.authoring import scripts, spans
 from workshop_lib.config import TrainConfig
 from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError, first_sentence
-from workshop_lib.lab import scripts, sequences, spans
+from workshop_lib.figures import sequences
 from workshop_lib.paths import clone_root, lab_root
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
@@ -144,8 +145,8 @@ def deadlocked(record: list[dict]) -> bool:
 def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
     """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended (a
     broken run whose watch spoke before a deadlock runs again with a longer threshold)."""
-    from workshop_lib.lab.forklaunch import HangError, LaunchTimeout, notebook_launch
-    from workshop_lib.lab.launch import LaunchError
+    from workshop_lib.launching.forklaunch import HangError, LaunchTimeout, notebook_launch
+    from workshop_lib.launching.launch import LaunchError
 
     train = load(_lab(name), broken, notebook, edit)["train"]
     cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
@@ -229,7 +230,7 @@ def _script_args(name: str, timeout: float) -> list[str]:
 
 def terminal_command(name: str, timeout: float = 60.0, watch: bool = False) -> str:
     """The command that runs lab ``name``'s exercise script in a terminal (the repository's folder, its venv active)."""
-    from workshop_lib.lab.launch import torchrun_command
+    from workshop_lib.launching.launch import torchrun_command
 
     return torchrun_command(f"exercises/{name}.py", 2, watch=watch, args=_script_args(name, timeout))
 
@@ -256,8 +257,8 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0) -> R
     import subprocess
 
     from workshop_lib.debug import stacks
-    from workshop_lib.lab.launch import start_job
-    from workshop_lib.lab.processes import kill_tree
+    from workshop_lib.launching.launch import start_job
+    from workshop_lib.launching.processes import kill_tree
 
     script, root = f"exercises/{_lab(name)}.py", clone_root("the hang labs")
     command = terminal_command(name, timeout, watch=True)

@@ -9,9 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from workshop_lib.checks.common import CheckFailed, _passed
-from workshop_lib.lab.launch import free_port, torchrun_argv
-from workshop_lib.lab.processes import kill_tree
+from workshop_lib.engine.common import CheckFailed, _passed
+from workshop_lib.launching.launch import free_port, torchrun_argv
+from workshop_lib.launching.processes import kill_tree
 from workshop_lib.paths import lab_root
 
 TORCHRUN = ("torchrun", "python -m torch.distributed.run", "python3 -m torch.distributed.run")
@@ -128,7 +128,7 @@ def _whoami() -> None:
     import torch
     import torch.distributed as dist
 
-    from workshop_lib.lab import joining
+    from workshop_lib.launching import joining
 
     env = joining.join("gloo", timeout=30)
     try:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from workshop_lib.checks.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
-from workshop_lib.checks.recorder import Recorder
+from workshop_lib.engine.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
+from workshop_lib.engine.recorder import Recorder
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, default_collate
 
-from workshop_lib.checks import shards as judged
-from workshop_lib.checks.common import CheckFailed, _passed, is_number, judge_prediction, run_forked, said
-from workshop_lib.checks.recorder import Recorder, passes, recording
 from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.launchenv import launch_variables
+from workshop_lib.engine import shards as judged
+from workshop_lib.engine.common import CheckFailed, _passed, is_number, judge_prediction, run_forked, said
+from workshop_lib.engine.recorder import Recorder, passes, recording
 from workshop_lib.errors import first_line
 
 # (ranks, ranks a node): as the script checker runs a script (torchrun --nnodes=2 --nproc_per_node=1: LOCAL_RANK 0

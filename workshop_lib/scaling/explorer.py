@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workshop_lib.lab import plots
+from workshop_lib.figures import plots
 from workshop_lib.scaling import cost, published
 
 GB = 1e9
@@ -132,7 +132,7 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
 
 def check(question: str, predicted, expected: float) -> None:
     """Compare a prediction with the model's value; print a tick and why, or raise CheckFailed with the why."""
-    from workshop_lib.checks.common import CheckFailed, as_share, is_number
+    from workshop_lib.engine.common import CheckFailed, as_share, is_number
 
     what, tolerance, why = PREDICTIONS[question]
     if not is_number(predicted):

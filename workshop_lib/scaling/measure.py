@@ -213,7 +213,7 @@ def measure(batches: Sequence[int] = (64, 128, 256, 512), rank_batches: Sequence
             nprocs: int = 2, sizes: Sequence[int] = SIZES, repeats: int = 3, limit: int | None = None,
             timeout: float = 300) -> MachineFit:
     """Fit the scaling model's inputs here: ``batches`` of one rank alone, ``rank_batches`` per rank of ``nprocs``."""
-    from workshop_lib.lab import forklaunch
+    from workshop_lib.launching import forklaunch
 
     alone = time_alone(batches, repeats, limit)
     ranks = forklaunch.notebook_launch(_on_rank, nprocs, rank_batches, sizes, repeats, limit, timeout=timeout)

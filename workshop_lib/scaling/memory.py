@@ -37,7 +37,7 @@ LABELS = {"ddp": "DDP", "ddp-bucket-view": "DDP, bucket view", "fsdp-whole": "FS
 
 def figure(params: float, ranks: int, blocks: int, name: str, gpu_gib: float | None = None):
     """Stacked bars: what one rank holds at the peak under each scheme, in GiB."""
-    from workshop_lib.lab import plots
+    from workshop_lib.figures import plots
 
     fig, (ax,) = plots._new_figure(width=8.6, height=3.0)
     schemes = list(LABELS)

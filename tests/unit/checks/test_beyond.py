@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workshop_lib.checks import beyond
-from workshop_lib.checks.common import CheckFailed
+from workshop_lib.engine.common import CheckFailed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -7,9 +7,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from workshop_lib.checks import by_hand
-from workshop_lib.checks.common import CheckFailed
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
+from workshop_lib.engine.common import CheckFailed
 from workshop_lib.model import SmilesLSTM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -20,7 +20,7 @@ NAMED = re.compile(r"\bcheck\.([A-Za-z_]\w*)")  # any name a cell or the prose r
 def test_every_check_is_the_function_of_its_module(name):
     module, function = check.CHECKS[name]
     found = getattr(check, name)
-    assert callable(found) and found is getattr(importlib.import_module(f"workshop_lib.checks.{module}"), function)
+    assert callable(found) and found is getattr(importlib.import_module(f"workshop_lib.{module}"), function)
     assert name in dir(check)
 
 

@@ -1,4 +1,4 @@
-"""checks.made_up_rank.process_group: the learner's setup(timeout) joined for real by 2 ranks on this machine (CPU,
+"""engine.made_up_rank.process_group: the learner's setup(timeout) joined for real by 2 ranks on this machine (CPU,
 Gloo, torchrun's variables), then as rank 3 of 4 (local rank 1) on a made-up 2-GPU node, where init_process_group is
 observed, not called.
 
@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import REPO, in_213_words
-from workshop_lib.checks import common, group, made_up_rank
+from workshop_lib.checks import group
+from workshop_lib.engine import common, made_up_rank
 
 GPU_INIT = '        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout), device_id=device)\n'
 CPU_INIT = '        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))\n'
@@ -261,7 +262,7 @@ def test_a_setup_that_a_real_run_rejects_is_named_with_its_cause(setup, at, mess
 
 def test_the_notebooks_reach_the_script_check_and_setups_through_the_facade():
     from workshop_lib import check
-    from workshop_lib.checks import script
+    from workshop_lib.engine import script
 
     assert check.script is script.check and check.process_group is made_up_rank.process_group
 

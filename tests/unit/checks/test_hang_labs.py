@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from workshop_lib.checks import hang_labs, hang_runs
-from workshop_lib.checks.common import CheckFailed
 from workshop_lib.checks.hang_labs import Run
+from workshop_lib.engine.common import CheckFailed
 
 
 def where(rank, line, code, op, seq, tensors="float32[1]", file="train-cell", inner=None):

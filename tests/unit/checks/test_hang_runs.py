@@ -7,9 +7,9 @@ import linecache
 import pytest
 
 from tools import build
+from workshop_lib.authoring import scripts
 from workshop_lib.checks import hang_runs
 from workshop_lib.errors import WorkshopError
-from workshop_lib.lab import scripts
 from workshop_lib.paths import lab_root
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from workshop_lib.checks import nodes
-from workshop_lib.checks.common import CheckFailed
+from workshop_lib.engine.common import CheckFailed
 
 SCRIPT = "solutions/step4_snapshots.py"
 GOOD = f"torchrun --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=node0:29500 --rdzv_id=job42 {SCRIPT}"

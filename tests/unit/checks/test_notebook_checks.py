@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from workshop_lib.checks import common, ddp, group, sampler
+from workshop_lib.checks import ddp, group, sampler
 from workshop_lib.data import collate
+from workshop_lib.engine import common
 
 # ------------------------------------------------------------------ 02: shards (real ranks: 2, one a node, then 3)
 

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from workshop_lib.checks import patterns
-from workshop_lib.checks.common import CheckFailed
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
-from workshop_lib.lab import forklaunch
+from workshop_lib.engine.common import CheckFailed
+from workshop_lib.launching import forklaunch
 
 SPLITS = None
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.workers.ddp_step_worker import one_step
-from workshop_lib.lab import forklaunch
+from workshop_lib.launching import forklaunch
 
 
 def _ddp_step(env) -> dict[str, torch.Tensor]:

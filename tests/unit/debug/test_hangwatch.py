@@ -16,7 +16,7 @@ from tests.conftest import REPO, cpu_env
 from workshop_lib.debug import hangreport, hangwatch, rankwatch
 from workshop_lib.debug.hangreport import explain, one_line
 from workshop_lib.debug.hangwatch import Call
-from workshop_lib.lab.launch import torchrun_argv
+from workshop_lib.launching.launch import torchrun_argv
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
 

@@ -15,8 +15,8 @@ from tests.conftest import REPO, cpu_env
 from tests.reliability import pyspy_attaches
 from workshop_lib.debug import hangreport, stacks
 from workshop_lib.debug.stacks import Rank, side_by_side
-from workshop_lib.lab.launch import torchrun_argv
-from workshop_lib.lab.processes import kill_tree
+from workshop_lib.launching.launch import torchrun_argv
+from workshop_lib.launching.processes import kill_tree
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
 

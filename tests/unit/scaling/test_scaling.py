@@ -187,7 +187,7 @@ def test_moving_a_slider_calls_the_callback():
 
 
 def test_the_read_off_and_the_predictions_are_checked_against_the_model(capsys):
-    from workshop_lib.checks.common import CheckFailed
+    from workshop_lib.engine.common import CheckFailed
     from workshop_lib.scaling.explorer import check, doubling_stops_paying
 
     rows = cost.project(published.WORKLOADS["ResNet-50"], published.LINKS["Ethernet 25 Gb/s, nodes of 8"],

@@ -10,10 +10,10 @@ import nbformat
 import pytest
 
 from tests.conftest import REPO
-from tests.unit.lab.test_scripts import _tiny_notebook
-from tests.unit.lab.test_spans import CELL, DEBUG_CELL
+from tests.unit.authoring.test_scripts import _tiny_notebook
+from tests.unit.authoring.test_spans import CELL, DEBUG_CELL
 from tools import build
-from workshop_lib.lab import scripts
+from workshop_lib.authoring import scripts
 
 
 def test_generated_files_are_up_to_date():

@@ -1,6 +1,6 @@
 """The house rules for workshop_lib's shape (issue 33): functions of 60 lines at most, and no import cycle anywhere in
 the package (function-level imports included). Modules hold one concern; issue 40 dropped their 300-line cap, which
-split one idea in two (lab/timeline.py and its buckets seen through DDP's communication hook is 321 lines)."""
+split one idea in two (figures/timeline.py and its buckets seen through DDP's communication hook is 321 lines)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,56 @@
+"""The checker's pair of ranks: the lab's one launcher, forked from this process where fork is safe, else spawned.
+
+Both kinds run an item the same way: here a script of a few lines, so that what is tested is the start, what
+each rank is given (its rank, the folder, one thread) and how it ends, not a training run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workshop_lib.engine import runner
+from workshop_lib.launching.spawning import START_METHOD
+from workshop_lib.paths import lab_root
+
+SCRIPT = ('import json, os, torch\n'
+          'print(json.dumps({"rank": os.environ["RANK"], "threads": torch.get_num_threads(), "cwd": os.getcwd()}))\n')
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_each_rank_runs_the_item_as_given_and_the_pair_ends(method, monkeypatch, tmp_path):
+    monkeypatch.setenv(START_METHOD, method)
+    script = tmp_path / "one_line.py"
+    script.write_text(SCRIPT)
+    item = runner.Item(script, [], tmp_path / "item")
+    started = []
+    real = runner.Ranks
+    monkeypatch.setattr(runner, "Ranks", lambda *a: started.append(real(*a)) or started[-1])
+    run = runner.run(item)
+    assert [r.method for r in started] == [method]
+    assert run.stopped is None, run.output
+    said = [json.loads(line) for line in run.output.splitlines() if line.startswith("{")]
+    assert sorted(s["rank"] for s in said) == ["0", "1"] and {s["threads"] for s in said} == {1}, said
+    assert {s["cwd"] for s in said} == {str(lab_root())}
+    assert [e[-1]["kind"] + " " + e[-1]["how"] for e in run.ranks.values()] == ["end ok", "end ok"], run.ranks
+    assert [p.exitcode for p in started[0]._processes] == [0, 0]
+
+
+SEVERAL_GROUPS = ('import torch.distributed as dist\n'
+                  'dist.init_process_group("gloo")\n'
+                  'dist.new_group([0]) if dist.get_rank() == 0 else None\n'  # rank 0 alone numbers one group more
+                  'dist.barrier()\n'
+                  'dist.destroy_process_group()\n')
+
+
+@pytest.mark.timeout(90)
+def test_each_run_gets_fresh_ranks_so_one_scripts_groups_never_reach_the_next(tmp_path):
+    """Group names are numbered per process: a run that left the two ranks' counts apart must not hang the next."""
+    script = tmp_path / "groups.py"
+    script.write_text(SEVERAL_GROUPS)
+    first, second = (runner.Item(script, [], tmp_path / name) for name in ("first", "second"))
+    runs = [runner.run(first), runner.run(second)]
+    assert [r.stopped for r in runs] == [None, None], runs[-1].output
+    assert [r.ranks[0][-1]["how"] for r in runs] == ["ok", "ok"], runs[-1].output

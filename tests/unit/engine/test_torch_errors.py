@@ -1,0 +1,107 @@
+"""torch's own errors, raised by torch itself, each explained by the one table (so a release that rewords one shows)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from workshop_lib.engine.common import CheckFailed, run_forked
+from workshop_lib.engine.torch_errors import explain, set_up_by
+
+
+@pytest.fixture
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+class _TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = nn.Linear(3, 1), nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _unused_parameter():
+    model = DDP(_TwoHeads())
+    for _ in range(2):
+        model(torch.ones(2, 3)).sum().backward()
+
+
+CASES = {
+    "module": (lambda: nn.Linear(3, 1).module, "`.module` is the model inside DDP's wrapper"),
+    "timeout": (lambda: dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=5.0),
+                "timeout=timedelta(seconds=...)"),
+    "shuffle": (lambda: DataLoader(list(range(8)), sampler=DistributedSampler(list(range(8)), 1, 0), shuffle=True),
+                "leave shuffle out of the DataLoader"),
+    "not joined": (lambda: dist.get_rank(), "call dist.init_process_group(backend) first"),
+    "set_epoch of a loader's own sampler": (lambda: DataLoader(list(range(8)), shuffle=True).sampler.set_epoch(1),
+                                            "sampler=DistributedSampler(dataset)"),
+    "device_id on CPU": (lambda: dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                                         device_id=torch.device("cpu")),
+                         "pass device_id only on a GPU"),
+    "items of different lengths, no collate_fn": (lambda: next(iter(DataLoader([torch.ones(3), torch.ones(2)],
+                                                                               batch_size=2))),
+                                                  "give it collate_fn=, a function that pads each batch"),
+}
+JOINED = {
+    "saved from the wrapper": (lambda: nn.Linear(3, 1).load_state_dict(DDP(nn.Linear(3, 1)).state_dict()),
+                               "save model.module.state_dict()"),
+    "loaded into the wrapper": (lambda: DDP(nn.Linear(3, 1)).load_state_dict(nn.Linear(3, 1).state_dict()),
+                                "load into model.module"),
+    "unused parameter": (_unused_parameter, "find_unused_parameters=True"),
+    "device_ids on CPU": (lambda: DDP(nn.Linear(3, 1), device_ids=[0]), "give DDP no device_ids on CPU"),
+}
+
+
+def _raised(fn) -> str:
+    with pytest.raises(Exception) as err:  # torch's own type, whichever it is
+        fn()
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_error_torch_raises_for_a_mistake_is_explained(case):
+    fn, says = CASES[case]
+    assert says in (explain(_raised(fn)) or ""), _raised(fn)
+
+
+@pytest.mark.parametrize("case", JOINED)
+def test_each_error_torch_raises_in_a_group_is_explained(case, world_of_one):
+    fn, says = JOINED[case]
+    assert says in (explain(_raised(fn)) or ""), _raised(fn)
+
+
+def test_the_collate_error_is_set_up_by_the_loader_and_the_others_where_they_raise():
+    assert set_up_by(_raised(CASES["items of different lengths, no collate_fn"][0])) == "loader"
+    assert set_up_by(_raised(CASES["device_id on CPU"][0])) is None
+
+
+def test_an_error_of_another_kind_is_left_to_torchs_words():
+    assert explain("CUDA out of memory. Tried to allocate 2.00 GiB") is None
+
+
+def _module_of_a_plain_model(env):
+    return nn.Linear(3, 1).module
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_check_cell_gives_torchs_line_where_it_was_raised_then_the_cause_and_the_fix():
+    with pytest.raises(CheckFailed) as err:
+        run_forked(_module_of_a_plain_model, 2, name="evaluate")
+    line = str(err.value)
+    assert re.match(r"a rank failed: rank [01] raised AttributeError: 'Linear' object has no attribute 'module' "
+                    r'\(File ".*test_torch_errors.py", line \d+, in _module_of_a_plain_model\); `.module` is the model '
+                    r"inside DDP's wrapper", line), line
+    assert "\n" not in line

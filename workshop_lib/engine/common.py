@@ -1,0 +1,222 @@
+"""What every check shares: a ✓ line when the exercise works, else CheckFailed, one ✗ line without a traceback."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from workshop_lib.engine import torch_errors
+from workshop_lib.errors import WorkshopError, first_line
+
+
+class CheckFailed(AssertionError):
+    """The exercise does not work yet; the message says what to change."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"\N{BALLOT X} {self}"]
+
+
+def _passed(message: str) -> None:
+    print(f"\N{CHECK MARK} {message}")
+
+
+def _missed(message: str) -> None:
+    """A prediction that was off: said with a cross, not raised (a guess is not a bug, and Run All goes on)."""
+    print(f"\N{BALLOT X} {message}")
+
+
+def still_todo(name: str) -> str:
+    """The one line for a learner's function whose TODO is still open."""
+    return f"{name} still raises NotImplementedError: fill in its TODO and run its cell again"
+
+
+def _empty(predicted) -> bool:
+    return predicted is None or (isinstance(predicted, dict) and all(v is None for v in predicted.values()))
+
+
+def predict_first(predicted, name: str | None = None) -> None:
+    """Before the run: stop the cell while the learner's prediction ``name`` is still empty (the run shows the answer).
+
+    ``predict_first("predicted_x")``, the name alone: the prediction is read from the calling cell's namespace, so a
+    check cell run before its prediction cell says so, where the value itself would raise a bare NameError."""
+    if name is None:
+        import sys
+
+        name, namespace = predicted, sys._getframe(1).f_globals
+        if name not in namespace:
+            raise CheckFailed(f"`{name}` is not set yet: run the prediction cell above first, then this cell")
+        predicted = namespace[name]
+    if _empty(predicted):
+        raise CheckFailed(f"predict first: set `{name}` in the cell above and run it, then run this cell: "
+                          f"the run shows the answer")
+
+
+def is_number(predicted) -> bool:
+    """Whether a prediction is a number (an int or a float; True and False are not)."""
+    return isinstance(predicted, int | float) and not isinstance(predicted, bool)
+
+
+def as_share(predicted):
+    """A prediction of a share (at most 1), written as a share or as a percent (50 or 1.35 for 50% or 1.35%): the share;
+    anything else as given. A number above 1 cannot be a share, so it is read as the percent the learner meant."""
+    return predicted / 100 if is_number(predicted) and 1 < predicted <= 100 else predicted
+
+
+def judge_prediction(name: str, predicted, measured, right: bool | None, why: str = "",
+                     shown: str | None = None) -> None:
+    """After the run, every prediction of the lab: ✓ when ``right`` (the caller's tolerance, which fits the
+    measurement's noise), else ✗, with the measured value and ``why``; never raised (a guess is not a bug).
+    ``right=None``: the measurement is too noisy to judge any prediction, said with ⚠ and neither mark."""
+    said = "no prediction" if _empty(predicted) else f"you predicted {shown or repr(predicted)}"
+    line = f"{name}: {said}, measured {measured}" + (f"; {why}" if why else "")
+    if right is None:
+        print(f"\N{WARNING SIGN} {line}")
+    else:
+        (_passed if right and not _empty(predicted) else _missed)(line)
+
+
+def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str | None:
+    """Where the learner's code left a name None on ``rank`` (set only under a rank test), for "'NoneType' object has
+    no attribute" raised at ``line`` of ``filename`` (a notebook cell's too: IPython keeps its text in linecache)."""
+    from workshop_lib.engine import branches
+
+    text = _text(filename)
+    return (branches.unset_on_rank(text, line, "AttributeError", message, rank)
+            or ("NoneType" in message and _collective_result(text, line)) or None)
+
+
+def _collective_result(source: str, line: int) -> str | None:
+    """A name read at ``line`` that holds what a collective returned (``value = dist.all_reduce(value)``): None."""
+    import ast
+
+    from workshop_lib.debug import collectives
+    from workshop_lib.engine import branches
+
+    tree = branches.parse(source)
+    read = set(branches.names_read(source, line))
+    for node in sorted(ast.walk(branches.scope(tree, line)) if tree else (), key=lambda n: -getattr(n, "lineno", 0)):
+        call = node.value if isinstance(node, ast.Assign) and node.lineno < line else None
+        name = getattr(getattr(call, "func", None), "attr", getattr(getattr(call, "func", None), "id", None))
+        targets = {n.id for t in getattr(node, "targets", ()) for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if name in collectives.COLLECTIVES and read & targets and not any(k.arg == "async_op" for k in call.keywords):
+            target = ast.unparse(node.targets[0])
+            return (f"{target} = {ast.unparse(call.func)}(...) (line {node.lineno}) left {target} None: {name} works "
+                    f"in place on the tensor it is given and returns None (a work handle only with async_op=True); "
+                    f"call {ast.unparse(call.func)}(tensor) on a line of its own, then read the tensor")
+    return None
+
+
+def _this_rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+# "rank 1 raised AttributeError: 'NoneType' object has no attribute 'x' (File "...", line 7, in f)": a forked rank's
+_FAILURE = re.compile(r'^rank (\d+) raised \w+: (.*) \(File "(.+)", line (\d+), in [^)]*\)$')  # line (forklaunch)
+
+
+# A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
+# the hang watch names the rank that never arrived, and the check stops there instead of at its timeout.
+HANG_AFTER = 8.0
+
+
+def _call(fn: Callable, name: str, *args):
+    """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
+    try:
+        return fn(*args)
+    except CheckFailed:
+        raise
+    except Exception as err:
+        raise CheckFailed(said(err, name)) from None
+
+
+def said(err: Exception, name: str, why: str | None = None) -> str:
+    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it);
+    ``why``: the cause, where the caller's record knows it better than torch's words."""
+    if isinstance(err, NotImplementedError):
+        return still_todo(name)
+    if "not been initialized" in str(err):
+        return (f"{name} looked for a process group, and there is none here (torch: Default process group has not "
+                f"been initialized)")
+    return f"{name} raised {raised(err, why)}"
+
+
+def raised(err: Exception, why: str | None = None) -> str:
+    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
+    where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
+    from workshop_lib.debug import frames
+
+    mine = frames.raised_at(err)  # the innermost line of the learner's code
+    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
+    return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
+            + (f"; {why}" if why else ""))
+
+
+def rank_alone(record) -> str | None:
+    """A hang whose cause is a collective under a rank test: the waiting rank's line first, then the missing ranks',
+    read from the hang watch's ``record`` (each rank's frames) and the learner's code (:mod:`branches`)."""
+    import ast
+
+    from workshop_lib.debug import hangreport
+    from workshop_lib.engine import branches
+
+    block = next((b for b in hangreport.load(record) if b["waiting_for"]), None)
+    if block is None:
+        return None
+    for rank in (block["rank"], *block["waiting_for"]):
+        frames = block["answers"].get(str(rank), {}).get("frames") or []
+        if not frames:
+            continue
+        file, line, _, code = frames[-1]
+        condition = branches.rank_condition(_text(file), line)
+        try:
+            call = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call))
+            name = ast.unparse(call.func).split(".")[-1]
+        except (SyntaxError, StopIteration):
+            name = "the call"
+        if condition is not None:
+            return (f"{name} (line {line}) is called by rank {rank} alone, under `if {condition[1]}:` (line "
+                    f"{condition[0]}): call it on every rank (it is a collective), or move it out of the block")
+    return None
+
+
+def _text(file: str) -> str:
+    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk."""
+    import linecache
+    from pathlib import Path
+
+    return "".join(linecache.getlines(file)) or (Path(file).read_text() if Path(file).is_file() else "")
+
+
+def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
+               hang_after: float | None = None, fix: str = "every rank must call every collective, in the same order",
+               backend: str | None = "gloo", timed_out: Callable[[], str | None] | None = None) -> list:
+    """``fn(env, *args)`` on ``nprocs`` ranks of :func:`~workshop_lib.launching.forklaunch.notebook_launch` (``backend``
+    None: ``fn(None, *args)`` joins itself); a failure or a hang (a collective waiting ``hang_after`` s, default
+    :data:`HANG_AFTER`) becomes one line, with ``fix``; past ``timeout``, ``timed_out()``'s line where it has one."""
+    from workshop_lib.launching.forklaunch import HangError, LaunchTimeout, RanksFailed, notebook_launch
+
+    try:
+        return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend,
+                               hang_after=HANG_AFTER if hang_after is None else hang_after)
+    except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
+        if err.record is not None and (alone := rank_alone(err.record)):
+            raise CheckFailed(alone) from None
+        diagnosis = err.diagnosis
+        raise CheckFailed(diagnosis if "every rank must" in diagnosis
+                          else f"{diagnosis}: {fix}, or the others wait for it") from None
+    except LaunchTimeout:
+        if timed_out is not None and (why := timed_out()):
+            raise CheckFailed(why) from None
+        raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
+                          f"another rank never joins; {fix}") from None
+    except RanksFailed as err:
+        if "NotImplementedError" in str(err):
+            raise CheckFailed(still_todo(name or "your function")) from None
+        why = next(filter(None, map(torch_errors.explain, err.details)), None)
+        if why is None and (said := _FAILURE.match(err.failures[0])):
+            why = _none_cause(said[3], int(said[4]), said[2], int(said[1]))
+        raise CheckFailed(f"a rank failed: {err.failures[0]}" + (f"; {why}" if why else "")) from None
+    except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
+        raise CheckFailed(str(err)) from None

@@ -1,0 +1,295 @@
+"""``setup(timeout)`` first joined for real by 2 ranks on this machine, started as the script checker starts a
+script (:mod:`runner`: torchrun's variables, the store hosted here, no GPU, so the CPU branch joins with Gloo); then,
+for what a CPU cannot run, as a made-up rank 3 of 4, local rank 1, on a node faking 2 GPUs, ``set_device`` and
+``init_process_group`` observed, not called. The GPU node is faked the same way through ``torch.cuda`` and
+``torch.accelerator``, so the forms of torch's docs pass there (the device-agnostic one, a backend left out or
+given per device). Notebook 01's ``process_group``, and the script checker's :func:`on_a_gpu_node` (its CPU run is
+the script's own)."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+
+from workshop_lib.debug.launchenv import launch_variables
+from workshop_lib.engine import runner, torch_errors
+from workshop_lib.engine.common import CheckFailed, _passed, run_forked, said, still_todo
+from workshop_lib.engine.recorder import Recorder, _at, _of, call_name, recording, waiting_in
+from workshop_lib.errors import first_line
+
+RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2  # the made-up GPU node's rank
+TIMEOUT = 10.0  # the group timeout setup is given: a join that cannot complete raises there
+LIMIT = 20.0  # seconds for the real run (a setup may not pass its timeout on)
+REAL = f"in a real run of {runner.WORLD} ranks on this machine (torchrun's variables, no GPU)"
+
+
+# ----------------------------------------------------------------------------- the real run, on this machine
+
+
+def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
+    """One rank: ``setup(TIMEOUT)`` recorded (also to a file, read if the run is stopped); how it joined."""
+    rank = int(os.environ["RANK"])
+    os.environ.update(runner.rank_env(rank, port))
+    rec, device, end, given = Recorder(Path(folder, f"rank{rank}")), None, None, None
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            with recording(rec):
+                device = setup(TIMEOUT)
+        except Exception as err:
+            given = _given(rec.events, rank)
+            end = said(err, "setup", given or _with_nccl(rec.events) or _no_gpu(err))
+    rec.close()
+    joined = dist.is_initialized() and end is None
+    return {"rank": rank, "end": end, "given": given, "device": str(device), "events": rec.events, "joined": joined,
+            "as": (dist.get_rank(), dist.get_world_size()) if joined else None}
+
+
+def _given(events: list[dict], rank: int) -> str | None:
+    """A rank or world size given to init_process_group that torchrun's variables contradict."""
+    init = next(iter(_of(events, "init", phase="enter")), {})
+    for name, told in (("world_size", runner.WORLD), ("rank", rank)):
+        if init.get(f"given_{name}") not in (None, -1, told):
+            return (f"init_process_group was given {name}={init[f'given_{name}']}{_at(init)}, and torchrun started "
+                    f"this rank with {name.upper()}={told}: leave {name}= out under torchrun (env:// reads "
+                    f"{name.upper()})")
+    return None
+
+
+def _with_nccl(events: list[dict]) -> str | None:
+    """A backend given per device, NCCL among them, where the join failed: init_process_group builds each one."""
+    backend = next(iter(_of(events, "init", phase="enter")), {}).get("backend") or ""
+    if ":" not in backend or "nccl" not in backend.lower():
+        return None
+    return (f"init_process_group builds every backend of {backend!r}, NCCL too, which needs GPUs and a torch built "
+            f"with NCCL: where there is no GPU pass \"gloo\", or leave the backend out (torch picks the one of this "
+            f"machine's accelerator, gloo where there is none)")
+
+
+def _no_gpu(err: Exception) -> str | None:
+    """A CUDA call where there is no GPU: raised from within torch.cuda."""
+    if any(f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename for f in traceback.extract_tb(err.__traceback__)):
+        return ("this machine has no GPU: call CUDA only where torch.cuda.is_available() (on the CPU: device cpu, "
+                "backend gloo)")
+    return None
+
+
+def _stuck(folder: str) -> str | None:
+    """Where a rank of the stopped run waited, from its record (inside init_process_group), and why: a rank whose
+    arguments contradict torchrun's variables first."""
+    waits = [(rank, waiting, _given(events, rank)) for rank in range(runner.WORLD)
+             if (waiting := waiting_in(events := runner.read_events(Path(folder, f"rank{rank}.jsonl")))) is not None]
+    if not waits:
+        return None
+    rank, waiting, why = min(waits, key=lambda w: w[2] is None)
+    return (f"setup did not return within {LIMIT:g}s {REAL}: rank {rank} waits in {call_name(waiting)}{_at(waiting)}; "
+            f"{why or 'a join completes once every rank has joined'}")
+
+
+def _on_this_machine(setup: Callable) -> dict:
+    """The real run: CheckFailed with the first thing it shows wrong, else rank 0's record."""
+    store = dist.TCPStore("127.0.0.1", 0, runner.WORLD, is_master=True, wait_for_workers=False)  # torchrun's agent's
+    folder = tempfile.mkdtemp(prefix="setup-")
+    try:
+        ranks = run_forked(_real_rank, runner.WORLD, setup, store.port, folder, timeout=LIMIT, backend=None,
+                           name="setup", timed_out=lambda: _stuck(folder))
+    finally:
+        del store
+        shutil.rmtree(folder, ignore_errors=True)
+    for r in sorted(ranks, key=lambda r: r["given"] is None):  # a rank told what contradicts torchrun's first
+        if r["end"]:
+            raise CheckFailed(f"{r['end']} ({REAL}, rank {r['rank']})")
+        if not r["joined"]:
+            raise CheckFailed(f"setup never called dist.init_process_group ({REAL}): join the group that torchrun "
+                              f"describes")
+        if r["as"] != (r["rank"], runner.WORLD):
+            raise CheckFailed(f"{REAL}, rank {r['rank']} joined as rank {r['as'][0]} of {r['as'][1]}: leave rank= "
+                              f"and world_size= out under torchrun (env:// reads RANK and WORLD_SIZE)")
+        if r["device"] != "cpu":
+            raise CheckFailed(f"{REAL}, setup returned {r['device']}: return the CPU where there is no GPU")
+    return ranks[0]
+
+
+# ----------------------------------------------------------------------------- the made-up GPU node
+
+
+def _fakes(seen: dict) -> tuple[dict, list[tuple[object, str, object]]]:
+    """torchrun's variables, and (owner, name, fake) for what :func:`_on_a_gpu_node` fakes: a node with 2 GPUs seen the
+    same way through ``torch.cuda`` and ``torch.accelerator``, rank 3 of 4, nothing joined."""
+    def init(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, **kw):
+        seen["init"] = {"backend": backend, "init_method": init_method, "timeout": timeout, "store": store,
+                        "rank": rank, "world_size": world_size, **kw}
+        if timeout is not None and not isinstance(timeout, timedelta):  # torch raises TypeError
+            fix = torch_errors.explain("Expected timeout argument to be of type datetime.timedelta")
+            raise CheckFailed(f"setup passed init_process_group timeout={timeout!r}, a {type(timeout).__name__}: torch "
+                              f"raises TypeError there; {fix}")
+        if store is not None and (rank in (None, -1) or world_size in (None, -1)):  # torch asserts the same
+            raise CheckFailed("init_process_group got store= but not both rank= and world_size=: with a store torch "
+                              "needs all three (without store=, under torchrun, it reads RANK and WORLD_SIZE itself)")
+        seen["init"]["joined"] = _joined(seen["init"])  # now, while torchrun's variables are faked
+
+    def joined(what):
+        def get(group=None):
+            if seen["init"] is None:
+                raise ValueError("Default process group has not been initialized, please make sure to call "
+                                 "init_process_group.")
+            return seen["init"]["joined"][what]
+        return get
+
+    def current() -> int:  # the index set last, as torch.cuda.current_device() would say
+        calls = [_index(a) for a in seen["set_device"]]
+        return calls[-1] if calls and calls[-1] is not None else 0
+
+    variables = launch_variables(RANK, WORLD, PER_NODE, MASTER_ADDR="node0", MASTER_PORT=29500)
+    fakes = [(torch.cuda, "is_available", lambda: True), (torch.cuda, "device_count", lambda: 2),
+             (torch.cuda, "set_device", seen["set_device"].append), (torch.cuda, "current_device", current),
+             (torch.accelerator, "is_available", lambda: True), (torch.accelerator, "device_count", lambda: 2),
+             (torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda")),
+             (torch.accelerator, "set_device_index", seen["set_device"].append),
+             (torch.accelerator, "set_device_idx", seen["set_device"].append),
+             (torch.accelerator, "current_device_index", current),
+             (dist, "init_process_group", init), (dist, "is_initialized", lambda: seen["init"] is not None),
+             (dist, "get_rank", joined("rank")), (dist, "get_world_size", joined("world_size"))]
+    return variables, [f for f in fakes if hasattr(f[0], f[1])]
+
+
+def _joined(init: dict) -> dict:
+    """The rank and world size torch would give this call: as passed, else (env://) RANK and WORLD_SIZE."""
+    env = init.get("store") is None and init.get("init_method") in (None, "env://")
+
+    def value(name: str, variable: str):
+        given = init.get(name)
+        if given is not None and given != -1:
+            return given
+        return int(os.environ[variable]) if env else None
+
+    return {"rank": value("rank", "RANK"), "world_size": value("world_size", "WORLD_SIZE")}
+
+
+def _on_a_gpu_node(setup: Callable) -> dict:
+    """Call ``setup(TIMEOUT)`` as rank 3 of 4 (local rank 1, 2 a node) with 2 GPUs faked: what it called and returned;
+    CheckFailed with what is wrong there (:func:`_mistake`)."""
+    seen: dict = {"set_device": [], "init": None, "device": None}
+    variables, faked = _fakes(seen)
+    with contextlib.ExitStack() as fakes:
+        fakes.enter_context(mock.patch.dict(os.environ, variables))
+        for owner, name, fake in faked:
+            fakes.enter_context(mock.patch.object(owner, name, fake))
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                seen["device"] = setup(TIMEOUT)
+        except NotImplementedError:
+            raise CheckFailed(still_todo("setup")) from None
+        except CheckFailed:
+            raise
+        except Exception as err:  # the learner's error, said in one line
+            raise CheckFailed(f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: "
+                              f"{first_line(err, 300)}") from None
+    mistake = _mistake(seen)
+    if mistake:
+        raise CheckFailed(mistake)
+    return seen
+
+
+def _index(arg) -> int | None:
+    if isinstance(arg, int):
+        return arg
+    try:
+        return torch.device(arg).index
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _backend_for(backend, kind: str) -> str | None:
+    """The backend that ``init_process_group(backend)`` uses for ``kind`` tensors: None when left out (torch picks
+    the device's), the entry for ``kind`` of a ``"cpu:gloo,cuda:nccl"`` string, else the one named."""
+    if backend is None:
+        return None
+    text = str(backend).lower()
+    if ":" not in text:
+        return text
+    pairs = dict(part.strip().split(":", 1) for part in text.split(",") if ":" in part)
+    return pairs.get(kind, "none")
+
+
+def _mistake(seen: dict) -> str | None:
+    """What is wrong with what setup did as rank 3 of 4 (local rank 1) on a node with 2 GPUs, or None."""
+    where = "on a node with 2 GPUs"
+    init = seen["init"]
+    if init is None:
+        return "setup never called dist.init_process_group: join the group that torchrun describes"
+    backend = _backend_for(init["backend"], "cuda")
+    if backend not in ("nccl", None):
+        return (f"{where} setup joined with backend {init['backend']!r}, which has no nccl for cuda tensors: join "
+                f"with the backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo "
+                f"on a CPU), or leave the backend out")
+    joined = init["joined"]
+    if joined["rank"] == LOCAL_RANK:
+        return (f"as rank {RANK} of {WORLD} (local rank {LOCAL_RANK}) setup joined with rank={LOCAL_RANK}, its local "
+                f"rank: leave rank= out under torchrun (env:// reads RANK), or pass the global rank")
+    if joined != {"rank": RANK, "world_size": WORLD}:
+        return (f"as rank {RANK} of {WORLD} setup joined with rank={joined['rank']}, world_size={joined['world_size']}: "
+                f"leave both out under torchrun (env:// reads RANK and WORLD_SIZE)")
+    calls = [_index(a) for a in seen["set_device"]]
+    device = seen["device"]
+    if calls != [LOCAL_RANK]:
+        what = "never called torch.cuda.set_device" if not calls else f"called torch.cuda.set_device with {calls}" + \
+            (", the global rank" if calls == [RANK] else "")
+        return (f"as local rank {LOCAL_RANK} {where}, setup {what}: make cuda:LOCAL_RANK this process's current "
+                f"device, torch.cuda.set_device or torch.accelerator.set_device_index (every process would use cuda:0 "
+                f"otherwise)")
+    if device != torch.device("cuda", LOCAL_RANK):
+        return f"as local rank {LOCAL_RANK} {where}, setup returned {device}: return cuda:LOCAL_RANK, its own GPU"
+    device_id = init.get("device_id")
+    if device_id is not None and _index(device_id) != LOCAL_RANK:
+        global_rank = " (the global rank)" if _index(device_id) == RANK else ""
+        return (f"{where}, as local rank {LOCAL_RANK}, setup passed device_id={device_id}{global_rank}: device_id is "
+                f"this process's own GPU, cuda:LOCAL_RANK")
+    return None
+
+
+def process_group(setup: Callable) -> None:
+    """``setup(timeout) -> device``: joined for real by 2 ranks on this machine, then the backend and device it picks,
+    and how it joins, as rank 3 of 4 on a made-up node with 2 GPUs."""
+    real = _on_this_machine(setup)
+    seen = _on_a_gpu_node(setup)
+    device_id = seen["init"].get("device_id")
+    given = f"device_id={_index(device_id) if isinstance(device_id, int) else device_id} given" \
+        if device_id is not None else "no device_id"
+    notes = [f"{given} (optional: with it NCCL connects at init_process_group, so a bad GPU shows there rather "
+             f"than at the first collective)"]
+    if not any(e.get("timeout") for e in _of(real["events"], "init", phase="enter")):
+        notes.append("without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer")
+    _passed(f"setup: NCCL on cuda:{LOCAL_RANK} as local rank {LOCAL_RANK} of a node with 2 GPUs, Gloo on a CPU; joined "
+            f"as rank {RANK} of {WORLD} through torchrun's variables; " + "; ".join(notes))
+
+
+def on_a_gpu_node(path: Path) -> str | None:
+    """What the CPU run cannot show: ``setup`` as rank 3 of 4, local rank 1, on a node with 2 GPUs (nothing joined)."""
+    # The script's imports and definitions only: whatever else it does at import time does not run here.
+    tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)]
+    names: dict = {"__name__": "learner_gpu_check", "__file__": str(path)}
+    try:
+        exec(compile(tree, str(path), "exec"), names)
+    except Exception:  # an import the run has already judged
+        return None
+    if not callable(names.get("setup")):
+        return None
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            _on_a_gpu_node(names["setup"])
+    except CheckFailed as err:
+        return f"setup as a made-up rank 3 of 4 (nothing joined): {err}"
+    return None

@@ -1,0 +1,282 @@
+"""A learner's script on fresh ranks (:class:`workshop_lib.launching.ranks.Ranks`; two unless the item says otherwise) as
+``torchrun --nnodes=N --nproc_per_node=1`` would start it (LOCAL_RANK 0 on each, the store hosted here, Gloo on CPU),
+as ``python script.py`` runs it (the script's folder first on ``sys.path``), watched and recorded (:func:`run_item`),
+stopped as soon as it cannot end well (:func:`_why_stop`).
+
+Why not under torchrun itself: the script runs as ``__main__`` with torchrun's variables and the recorder attached
+from outside, as ``torchrun -m`` would attach it, but a real torchrun costs each run a fresh interpreter per rank and
+an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), and ``check --all`` makes 12 runs
+(6, and the probes of the data at 1 and 3 ranks) within its 15 s; forked ranks start from this process's imports."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from workshop_lib.debug import hangreport, hangwatch
+from workshop_lib.debug.hangreport import RECORD_VARIABLE
+from workshop_lib.debug.launchenv import launch_variables
+from workshop_lib.engine.recorder import Recorder, recording
+from workshop_lib.errors import first_line
+from workshop_lib.launching.ranks import Ranks
+from workshop_lib.launching.spawning import start_method
+from workshop_lib.paths import lab_root
+
+WORLD = 2
+LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
+STALL = 15.0  # seconds without news from any rank
+LIMIT = 60.0  # seconds for one item
+HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
+
+
+@dataclass
+class Item:
+    """One run of one script: its argv, where its records go (``prefix``.rankR.jsonl ...), its working folder (None:
+    the course's) and how many ranks run it."""
+
+    script: Path
+    argv: list[str]
+    prefix: Path
+    cwd: Path | None = None
+    world: int = WORLD
+    reads: int = 0  # > 0: a probe of the data alone (:class:`~workshop_lib.engine.recorder.Recorder`'s ``reads``)
+
+    @property
+    def hang(self) -> Path:
+        return Path(f"{self.prefix}.hang.json")
+
+
+@dataclass
+class Run:
+    """What the ranks of one item did: each rank's events and parameters after each step, the watch's blocks."""
+
+    ranks: dict[int, list[dict]]
+    params: dict[int, list[np.ndarray]] = field(default_factory=dict)
+    hang: list[dict] = field(default_factory=list)
+    stopped: str | None = None  # why the runner stopped it, if it did
+    seconds: float = 0.0
+    output: str = ""
+
+
+# ----------------------------------------------------------------------------- one rank
+
+
+class _Tail:
+    """This rank's stderr, written through, its last lines kept: what the script itself said before it left."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, ""
+
+    def write(self, text: str) -> int:
+        self.kept = (self.kept + text)[-2000:]
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+    def said(self) -> list[str]:
+        return [line for line in self.kept.splitlines() if line.strip()][-6:]
+
+
+def _ending(err: BaseException | None, script: str) -> dict:
+    """How the script ended: ``ok``, ``exit`` (a non-zero SystemExit) or ``error``, and the script's line it left."""
+    if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
+        return {"how": "ok"}
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
+    at = frames[-1].lineno if frames else None
+    if isinstance(err, SystemExit):
+        message = getattr(err, "message", None) or str(err.code)
+        return {"how": "exit", "code": err.code if isinstance(err.code, int) else 1, "message": message[:300], "at": at}
+    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": at,
+            "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
+
+
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int = 0) -> dict:
+    """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
+    script = os.path.abspath(script)
+    rec = Recorder(prefix, reads)
+    rec.add("start", line=False, pid=os.getpid(), argv=argv)
+    saved_argv, sys.argv = sys.argv, [script, *argv]
+    sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
+    tail = sys.stderr = _Tail(sys.stderr)
+    hangwatch.attach(threshold=float(os.environ.get(hangwatch.AFTER_VARIABLE, HANG_AFTER)), record=hang_record,
+                     poll=0.25)
+    error: BaseException | None = None
+    try:
+        with recording(rec):
+            runpy.run_path(script, run_name="__main__")
+    except BaseException as err:  # every way out is an outcome to report
+        error = err
+    finally:
+        sys.argv, sys.stderr = saved_argv, tail.stream
+        with contextlib.suppress(ValueError):
+            sys.path.remove(os.path.dirname(script))
+        hangwatch.detach()  # says this rank left; the next script gets a watch of its own
+    still_joined = dist.is_available() and dist.is_initialized()
+    end = rec.add("end", line=False, left_group=not still_joined, said=tail.said(), **_ending(error, script))
+    rec.close()
+    if still_joined:  # a script that never left
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return end
+
+
+def run_item(item: dict, log: str) -> None:
+    """One rank, in a process of its own: its log, the course folder, one thread, then the script. A forked rank
+    keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
+    import gc
+
+
+    gc.freeze()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
+    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the checker had
+        faulthandler.enable(file=sys.stderr)
+    for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
+        os.environ.pop(name, None)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.chdir(item["cwd"])
+    torch.set_num_threads(1)
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"])
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- the pair, from outside
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
+    path = Path(f"{prefix}.params")
+    flat = np.fromfile(path, dtype=np.float32) if path.is_file() else np.zeros(0, np.float32)
+    vectors, start = [], 0
+    for e in events:
+        if e["kind"] == "step" and start + e["numel"] <= len(flat):
+            vectors.append(flat[start:start + e["numel"]])
+            start += e["numel"]
+    return vectors
+
+
+def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
+    ranks = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
+    params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
+    return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
+
+
+class _Progress:
+    """When each rank last wrote anything, and when the first one ended."""
+
+    def __init__(self, item: Item):
+        self.item, self.sizes, self.changed, self.first_end = item, {}, {}, None
+
+    def update(self) -> None:
+        now = time.monotonic()
+        for rank in range(self.item.world):
+            prefix = f"{self.item.prefix}.rank{rank}"
+            size = sum(p.stat().st_size for p in (Path(f"{prefix}.jsonl"), Path(f"{prefix}.params")) if p.is_file())
+            if self.sizes.get(rank) != size:
+                self.sizes[rank], self.changed[rank] = size, now
+            if self.first_end is None and _ended(self.item, rank):
+                self.first_end = now
+
+    def quiet(self, rank: int) -> float:
+        """Seconds since ``rank`` last wrote (or since the first rank ended, if that is later)."""
+        now = time.monotonic()
+        return now - max(self.changed.get(rank, now), self.first_end or 0.0)
+
+
+def _ended(item: Item, rank: int) -> bool:
+    path = Path(f"{item.prefix}.rank{rank}.jsonl")
+    return path.is_file() and '"kind": "end"' in path.read_text()
+
+
+def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
+    """Why to stop the run now: the watch saw a rank wait for one that is still in the job, or for one that has
+    ended; two ranks joined as one; a rank has ended and another is quiet; nobody is making progress; too long."""
+    if hangreport.missing_rank(item.hang):
+        return "hang"
+    world = range(item.world)
+    ended = [r for r in world if _ended(item, r)]
+    blocks = hangreport.load(item.hang)
+    if ended and any(b["missing"] and set(b["missing"]) <= set(ended) for b in blocks):
+        return "left"
+    events = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in world}
+    given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
+    if "none" not in given and given[0] is not None and len(set(given)) < len(given):
+        return "joined as one rank"
+    if ended and any(r not in ended and progress.quiet(r) > LEFT_WAITING for r in world):
+        return "left waiting"
+    if all(progress.quiet(r) > STALL for r in world):
+        return "stalled"
+    if time.monotonic() - started > LIMIT:
+        return "too long"
+    return None
+
+
+def rank_env(rank: int, port: int, world: int = WORLD) -> dict[str, str]:
+    """What ``torchrun --nnodes=N --nproc_per_node=1`` gives each rank, its agent hosting the store; CPU only."""
+    return launch_variables(rank, world, 1, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                            TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=0, OMP_NUM_THREADS=1,
+                            PYTHONUNBUFFERED=1, CUDA_VISIBLE_DEVICES="")  # Gloo on CPU, GPUs or not
+
+
+@functools.cache
+def _imports_of_a_first_step() -> None:
+    """What a script's first optimizer imports on its first use (torch.optim's compiler checks import sympy: seconds
+    on a loaded machine, in every rank, with nothing recorded meanwhile), imported here once: forked ranks inherit it."""
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)])
+
+
+def run(item: Item) -> Run:
+    """Run ``item`` on fresh ranks, stopping it as :func:`_why_stop` says; what the ranks did."""
+    if start_method() == "fork":
+        _imports_of_a_first_step()
+    # The group's store, hosted here as torchrun's agent hosts it: every rank finds it listening.
+    world = range(item.world)
+    store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
+    logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
+    envs = {r: rank_env(r, store.port, item.world) for r in world}
+    unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
+    for r in world:
+        envs[r][RECORD_VARIABLE] = str(item.hang)
+    spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
+            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads}
+    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
+    progress, started, stopped = _Progress(item), time.monotonic(), None
+    try:
+        ranks.start()
+        while ranks.poll() is None:
+            time.sleep(0.05)
+            progress.update()
+            stopped = _why_stop(item, progress, started)
+            if stopped:
+                break
+    finally:
+        ranks.stop()
+        del store
+    ended = all(_ended(item, r) for r in world)
+    if stopped is None and not ended:  # a rank's process ended without the script's end: killed, or crashed in C
+        stopped = "died"
+    elif stopped is not None and ended:  # it ended after all, while being stopped
+        stopped = None
+    output = "".join(log.read_text(errors="replace") for log in logs if log.is_file())
+    return load(item, stopped, time.monotonic() - started, output)

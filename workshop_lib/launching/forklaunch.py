@@ -1,0 +1,227 @@
+"""A function defined in the notebook, run on N ranks that each join a process group: :func:`notebook_launch`.
+
+The ranks start through :class:`workshop_lib.launching.ranks.Ranks`: forked on Linux, spawned elsewhere (or where
+``WORKSHOP_START_METHOD=spawn``), the function then sent by value (:mod:`workshop_lib.launching.spawning`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.launching import spawning
+from workshop_lib.launching.launch import LaunchError, exit_said, last_lines
+from workshop_lib.launching.ranks import Ranks, lab_env
+
+
+class LaunchTimeout(LaunchError):
+    """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
+
+
+class RanksFailed(LaunchError):
+    """A rank raised or died: ``failures``, a line per failed rank; ``details``, torch's whole message of each raise."""
+
+    def __init__(self, message: str, failures: list[str], details: list[str]):
+        super().__init__(message)
+        self.failures, self.details = failures, details
+
+
+class HangError(LaunchError):
+    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file."""
+
+    def __init__(self, message: str, diagnosis: str, record: Path | None = None):
+        super().__init__(message)
+        self.diagnosis, self.record = diagnosis, record
+
+
+def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_after: float | None, log_dir: str, *args):
+    """What each rank runs: its output to its own log, join the group, ``fn(env, *args)`` (bytes: spawned, by value)."""
+    # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
+    # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
+    # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
+    gc.freeze()
+    import torch.distributed as dist
+
+    from workshop_lib.debug import hangwatch
+    from workshop_lib.debug.launchenv import read_launch_env
+    from workshop_lib.launching import joining
+
+    # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
+    # characters interleaved into the cell: each rank writes to its own file instead.
+    launch = read_launch_env()
+    log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
+    os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the kernel gave it
+        faulthandler.enable(file=log)
+    shipped = isinstance(fn, bytes)
+    if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
+        fn, args = spawning.unpack(fn)
+    # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
+    # at the fork, the child inherits it locked, and its first getaddrinfo waits forever. So: a file store
+    # instead of TCP, and gloo on the loopback interface by name (getifaddrs), not by this host's name.
+    # (All ranks are on this machine, so a file store and the loopback serve a spawned rank as well.)
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    env = None  # backend None: fn joins a group itself (a learner's setup, through torchrun's variables)
+    if backend is not None:
+        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
+        env = joining.join(backend, timeout, store=store)
+    if hang_after is not None and backend is not None:  # a collective waiting this long: the watch writes who never
+        hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))  # arrived
+    try:
+        result = fn(env, *args)
+        if shipped:  # by value: a class defined in the notebook comes back as that class
+            import cloudpickle
+
+            return cloudpickle.dumps(result)
+        return result
+    except BaseException as err:
+        traceback.print_exc()  # into this rank's log: the error names the file
+        _record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
+        raise
+    finally:
+        hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
+        joining.leave()
+        log.flush()
+
+
+def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
+    """In a failing rank: 'rank R raised X: message (File ..., line N, in f)' at the learner's innermost line."""
+    from workshop_lib.debug import frames
+
+    stack = traceback.extract_tb(err.__traceback__)
+    last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
+    where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
+    line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
+    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000],
+                                                                 "time": time.time()}))
+
+
+def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, str, str]]:
+    """Every rank that raised or died, the first to fail first: (when, its line, torch's whole message).
+
+    A rank that raised recorded its line and the time (:func:`_record_failure`); one that died without a Python error
+    (killed, aborted in C++, ``os._exit``) is named by its exit code and its log's last lines, at the time its log
+    was last written. A peer's "Connection reset by peer" so comes after the death that caused it."""
+    ended = {}
+    for path in log_dir.glob("rank*.error"):
+        record = json.loads(path.read_text())
+        ended[int(path.stem[4:])] = (record.get("time", path.stat().st_mtime), record["line"], record["detail"])
+    for rank, code in failed.items():
+        if rank in ended:
+            continue
+        log = log_dir / f"rank{rank}.log"
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        said = last_lines(text)
+        ended[rank] = (log.stat().st_mtime if log.is_file() else time.time(),
+                       f"rank {rank} {exit_said(code)} without a Python error{said}", said.split(": ", 1)[-1])
+    return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
+
+
+def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str | None = "gloo",
+                    hang_after: float | None = None, group_timeout: float | None = None) -> list:
+    """Run ``fn(env, *args)`` on ``nprocs`` ranks; return each rank's result, in rank order, and show rank 0's output.
+
+    A failure raises a LaunchError, a line per failed rank and the file with every rank's output; the stop button
+    stops every rank. ``hang_after``: seconds a collective may wait before the hang watch names the rank that never
+    came (a HangError). ``group_timeout``: the process group's own timeout, if it is to end a hang first.
+    ``backend=None``: the ranks join no group, and ``fn(None, *args)`` joins one itself (no hang watch then).
+    """
+    import torch
+
+    method = spawning.start_method()
+    if method == "fork" and torch.cuda.is_initialized():
+        raise WorkshopError("CUDA is already initialised in this kernel, and forked ranks cannot use it; "
+                            "restart the kernel and call notebook_launch before any CUDA work, or use launch.torchrun")
+    name = getattr(fn, "__name__", repr(fn))
+    if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
+        fn, args = spawning.pack(fn, args, name), ()
+    log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
+    ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
+                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
+    try:
+        try:
+            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
+            ranks.start()  # from here to ranks.stop(), the stop button kills every rank, then raises (ranks.py)
+            done = _wait(ranks, name, timeout, log_dir, hang_after)
+        finally:
+            ranks.stop()
+            gc.unfreeze()
+    except KeyboardInterrupt:  # the stop button, wherever it landed: every rank is gone by now
+        raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
+    if done.failed:
+        ended = _ended(Path(log_dir), done.failed)
+        lines, details = [line for _, line, _ in ended], [detail for _, _, detail in ended]
+        raise RanksFailed(_report(name, lines, log_dir), lines, details)
+    shown = _rank_logs(log_dir).get(0, "")
+    if shown:
+        print(shown, end="" if shown.endswith("\n") else "\n", flush=True)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    values = [done.values[r] for r in sorted(done.values)]
+    return [pickle.loads(v) for v in values] if method == "spawn" else values
+
+
+def _wait(ranks: Ranks, name: str, timeout: float, log_dir: str, hang_after: float | None):
+    """Poll the ranks until they are done, the time is up, or the watch has named a hang (then stop them)."""
+    from workshop_lib.debug import hangreport
+
+    deadline = time.monotonic() + timeout
+    while (done := ranks.poll()) is None:
+        if time.monotonic() > deadline:
+            _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
+            ranks.stop()
+            raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"],
+                                        log_dir))
+        hang = hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
+        if hang:  # the watch saves its block whole, after printing it
+            ranks.stop()
+            raise HangError(_report(name, [f"the ranks hang: {hang}"], log_dir), hang, Path(log_dir) / "hang.json")
+        time.sleep(0.02)
+    return done
+
+
+def _dump_stacks(path: Path) -> None:
+    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
+    import psutil
+
+    from workshop_lib.debug.stacks import pyspy_dump
+
+    parts = []
+    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
+        try:
+            done = pyspy_dump(child.pid, native=True, timeout=15)
+            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
+            parts.append(f"----- pid {child.pid}: no stack ({err})")
+    path.write_text("\n".join(parts) or "no child processes left")
+
+
+def _rank_logs(log_dir: str) -> dict[int, str]:
+    """{rank: everything it printed}."""
+    return {int(p.stem[4:]): p.read_text(errors="replace") for p in sorted(Path(log_dir).glob("rank*.log"))}
+
+
+def _report(name: str, failures: list[str], log_dir: str) -> str:
+    """The failed ranks, one line each, and the file with every rank's output (kept for reading)."""
+    path = Path(log_dir) / "all.log"
+    parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
+    stacks = Path(log_dir) / "stacks.log"
+    if stacks.is_file():  # after a timeout: where every process was
+        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
+    path.write_text("\n".join(parts))
+    return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

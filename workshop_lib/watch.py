@@ -19,11 +19,9 @@ import os
 import runpy
 import sys
 from collections.abc import Sequence
-from types import CodeType
 
+from workshop_lib.debug.scriptfile import refused
 from workshop_lib.errors import WorkshopError
-
-NO_SCRIPT, NOT_PYTHON = 2, 1  # exit statuses, as python's own: no such file (2), a SyntaxError (1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,25 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="the Python script to run, as `python SCRIPT ARGS` would")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return p
-
-
-def compiled(path: str) -> CodeType:
-    """``path``'s code, as ``python`` compiles a script; a WorkshopError of one line where it cannot: 'x.py:7:
-    SyntaxError: expected ':'' (IndentationError, a file that is not Python, one that is not text, alike)."""
-    try:
-        with open(path, "rb") as f:
-            source = f.read()
-    except OSError as err:
-        raise WorkshopError(f"cannot read the script {path!r} ({err.strerror or type(err).__name__})") from None
-    try:
-        return compile(source, path, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as err:  # ValueError: null bytes, in older Pythons
-        line = getattr(err, "lineno", None)
-        said = f"{path}:{line}: " if line else f"{path}: "
-        said += f"{type(err).__name__}: {getattr(err, 'msg', None) or err}"
-        if not path.endswith(".py"):
-            said += " (is it a Python script? give the .py file the job runs)"
-        raise WorkshopError(said) from None
 
 
 def _fail(text: str, status: int) -> None:
@@ -76,12 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     opts = parser.parse_args(argv)
     if opts.after is not None and not opts.after > 0:
         parser.error(f"--after {opts.after:g}: give a number of seconds above 0")
-    if not os.path.isfile(opts.script):
-        _fail(f"{parser.prog}: no script {opts.script!r}; give the path of the .py file the job runs", NO_SCRIPT)
-    try:
-        compiled(opts.script)  # runpy compiles it again below: a script that cannot run is one line, before the watch
-    except WorkshopError as err:
-        _fail(str(err), NOT_PYTHON)
+    if why := refused(opts.script):  # a script that cannot run is one line, before the watch
+        _fail(*why)
     from workshop_lib.debug import hangwatch
 
     sys.argv = [opts.script, *opts.args]

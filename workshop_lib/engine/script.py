@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from workshop_lib.authoring import scripts
+from workshop_lib.debug import scriptfile
+from workshop_lib.debug.scriptfile import refused
 from workshop_lib.engine import resume, rules, runner
 from workshop_lib.engine.common import CheckFailed, _passed
 from workshop_lib.engine.made_up_rank import on_a_gpu_node
@@ -49,32 +51,6 @@ def step_of(path: Path, step: int | None = None) -> int | None:
         return step
     m = re.search(r"(?:^|_)step(\d)_\w*\.py$", Path(path).name)  # step2_sampler.py, mine_step2_sampler.py
     return int(m.group(1)) if m and int(m.group(1)) in STEPS else None
-
-
-def refused(path: Path) -> str | None:
-    """Why ``path`` cannot be run as a Python script, in one line (missing, binary, another language, a syntax
-    error); None if it compiles."""
-    if not path.is_file():
-        return f"{path}: no such file; pass the path of a Python script"
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"{path.name} is not a Python script (binary data, not text): pass the .py file that trains"
-    if path.suffix == ".ipynb":
-        return (f"{path.name} is a notebook, not a Python script: write its script cells out first "
-                f"(scripts.write_script, or jupyter nbconvert --to script) and pass that file")
-    first = text.splitlines()[0] if text else ""
-    if first.startswith("#!") and "python" not in first:
-        return (f"{path.name} is not a Python script (its first line, {first}, runs another program): pass the .py "
-                f"file it starts, with its arguments")
-    try:
-        compile(text, str(path), "exec")
-    except (SyntaxError, ValueError) as err:
-        where = f":{err.lineno}" if getattr(err, "lineno", None) else ""
-        kind = "" if path.suffix == ".py" else " (is it a Python script?)"
-        return f"{path.name}{where}: {getattr(err, 'msg', str(err))}{kind}; fix the syntax"
-    return None
 
 
 def default_script(step: int, folder: Path | None = None) -> Path:
@@ -155,9 +131,8 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
     results: list[tuple[str, str] | None] = [None] * len(paths)
     for i, path in enumerate(paths):
         steps[i] = step_of(path, steps[i])
-        why = refused(path)
-        if why:
-            results[i] = ("refused" if not path.is_file() or path.suffix != ".py" else "wrong", why)
+        if why := refused(path):  # the watch's refusal, word for word: a syntax error is the learner's to fix
+            results[i] = ("wrong" if why[1] == scriptfile.SYNTAX else "refused", why[0])
         elif steps[i] is not None and not_started(path, steps[i]):
             results[i] = ("not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)")
     with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:

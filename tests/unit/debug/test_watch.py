@@ -15,14 +15,14 @@ ELSEWHERE = REPO / "tests" / "workers" / "elsewhere" / "train.py"  # the tutoria
 
 
 @pytest.mark.parametrize(("name", "content", "said", "status"), [
-    ("train.py", "def main():\n    x = (1,\n", "train.py:2: SyntaxError: '(' was never closed", 1),
-    ("train.py", "if True:\n    x = 1\n      y = 2\n", "train.py:3: IndentationError: unexpected indent", 1),
-    ("run.sh", "#!/bin/bash\necho starting\n",
-     "run.sh:2: SyntaxError: invalid syntax (is it a Python script? give the .py file the job runs)", 1),
-    ("snapshot.pt", b"PK\x03\x04\x00\x00\x08\x00", "snapshot.pt: SyntaxError: source code string cannot contain null "
-                                                   "bytes (is it a Python script? give the .py file the job runs)", 1),
-    ("missing.py", None, "python -m workshop_lib.watch: no script 'missing.py'; give the path of the .py file the job "
-                         "runs", 2),
+    ("train.py", "def main():\n    x = (1,\n", "train.py:2: SyntaxError: '(' was never closed; fix it", 1),
+    ("train.py", "if True:\n    x = 1\n      y = 2\n", "train.py:3: IndentationError: unexpected indent; fix it", 1),
+    ("run.sh", "#!/bin/bash\necho starting\n", "run.sh is not a Python script (its first line, #!/bin/bash, runs "
+                                              "another program): pass the .py file it starts, with its arguments", 2),
+    ("run.sh", "echo starting\n", "run.sh:1: SyntaxError: invalid syntax (is it a Python script?); fix it", 1),
+    ("snapshot.pt", b"PK\x03\x04\x00\x00\x08\xff", "snapshot.pt is not a Python script (binary data, not text): pass "
+                                                   "the .py file that trains", 2),
+    ("missing.py", None, "missing.py: no such file; pass the path of the Python script that trains", 2),
 ])
 def test_a_script_that_cannot_run_is_one_line(tmp_path, monkeypatch, capsys, name, content, said, status):
     monkeypatch.chdir(tmp_path)
@@ -44,7 +44,7 @@ def test_under_python_a_syntax_error_is_one_line_without_the_watchs_frames(tmp_p
     (tmp_path / "train.py").write_text("import os\n\nclass Trainer\n    pass\n")
     done = subprocess.run([sys.executable, "-m", "workshop_lib.watch", "train.py", "4", "2"], capture_output=True,
                           text=True, cwd=tmp_path, env=cpu_env(PYTHONPATH=str(REPO)), timeout=50)
-    assert (done.returncode, done.stdout, done.stderr) == (1, "", "train.py:3: SyntaxError: expected ':'\n")
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "train.py:3: SyntaxError: expected ':'; fix it\n")
 
 
 @pytest.mark.timeout(120)

@@ -381,7 +381,7 @@ def test_what_is_not_a_python_script_is_refused_in_one_line_with_exit_2(tmp_path
              (tmp_path / "gone.py", 2, f"{tmp_path / 'gone.py'}: no such file"),
              (REPO / "notebooks" / "02_distributed_sampler.ipynb", 2, "02_distributed_sampler.ipynb is a notebook, not "
                                                                       "a Python script"),
-             (broken, 1, "train.py:3: invalid syntax; fix the syntax")]
+             (broken, 1, "train.py:3: SyntaxError: invalid syntax; fix it")]
     for path, code, says in cases:
         assert script.main([str(path), "4", "2"]) == code
         out = capsys.readouterr().out

@@ -13,8 +13,9 @@ import traceback
 from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workshop_lib/
-_TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in ("debug", "lab", "checks", "scaling"))
-_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "diagnose", "watch"))
+_TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in sorted(os.listdir(_PACKAGE))  # every subpackage
+               if os.path.isfile(os.path.join(_PACKAGE, p, "__init__.py")))
+_COMMANDS = tuple(os.path.join(_PACKAGE, f"{m}.py") for m in ("check", "cli", "diagnose", "watch"))
 _STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 

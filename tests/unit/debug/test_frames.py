@@ -16,8 +16,10 @@ LIB = Path(frames.__file__).resolve().parent.parent  # workshop_lib/
 
 
 @pytest.mark.parametrize(("path", "core_is_library", "library"), [
-    (str(LIB / "checks" / "recorder.py"), False, True),  # a tool
-    (str(LIB / "lab" / "forklaunch.py"), False, True),
+    (str(LIB / "engine" / "recorder.py"), False, True),  # a tool
+    (str(LIB / "launching" / "forklaunch.py"), False, True),
+    (str(LIB / "figures" / "replicas.py"), False, True),
+    (str(LIB / "cli.py"), False, True),  # the commands' wrapper
     (str(LIB / "check.py"), False, True),  # a command module
     (str(LIB / "watch.py"), False, True),  # the command that runs a script with the watch attached
     (str(LIB / "data.py"), False, False),  # the core is the learner's by default ...
@@ -35,6 +37,7 @@ def test_is_library_is_keyed_on_packages(path, core_is_library, library):
 
 def test_a_renamed_tool_module_still_counts_as_a_tool(tmp_path):
     assert frames.is_tool(str(LIB / "checks" / "a_module_added_later.py"))
+    assert all(frames.is_tool(str(p / "x.py")) for p in LIB.iterdir() if (p / "__init__.py").is_file())
     assert not frames.is_tool(str(LIB / "checkpoint.py"))
 
 
@@ -49,7 +52,7 @@ def test_caller_is_the_innermost_frame_outside_the_library():
 
 def test_since_fork_drops_the_kernel_frames_before_a_forked_rank_started():
     stack = traceback.StackSummary.from_list([
-        ("/tmp/ipykernel_1/1.py", 3, "<module>", ""), (str(LIB / "lab" / "forklaunch.py"), 70, "_rank_main", ""),
+        ("/tmp/ipykernel_1/1.py", 3, "<module>", ""), (str(LIB / "launching" / "forklaunch.py"), 70, "_rank_main", ""),
         ("/tmp/ipykernel_1/2.py", 5, "check_all_reduce", "")])
     assert [f.name for f in frames.since_fork(stack)] == ["check_all_reduce"]
     assert [f.name for f in frames.users(stack)] == ["<module>", "check_all_reduce"]

@@ -29,6 +29,12 @@ def verdict(mistake: str | None, measured: str, prediction: bool = False) -> Non
     print(f"\N{BALLOT X} {mistake}" if mistake else f"\N{CHECK MARK} {measured}")
 
 
+def first(*checks: tuple[object, str]) -> str | None:
+    """The mistake of the first (broken, its line) pair whose ``broken`` holds: a check's judge as a table, in order;
+    None where none does."""
+    return next((said for broken, said in checks if broken), None)
+
+
 def still_todo(name: str) -> str:
     """The one line for a learner's function whose TODO is still open."""
     return f"{name} still raises NotImplementedError: fill in its TODO and run its cell again"

@@ -387,11 +387,6 @@ def _file_race(case: Case, rank: int, e: dict) -> str | None:
     return None
 
 
-def _unset_on_rank(case: Case, rank: int, e: dict) -> str | None:
-    """A value the failing line reads that a rank condition sets, and this rank skipped: the setup of the crash."""
-    return branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank)
-
-
 def _kept_the_wrapper(case: Case, e: dict) -> str | None:
     """The line that handed the wrapper to best.update, when a load of the best weights met module. keys."""
     if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("at")):
@@ -403,13 +398,15 @@ def _kept_the_wrapper(case: Case, e: dict) -> str | None:
                      f"as it is")
 
 
-def _set_up(case: Case, rank: int, kind: str | None) -> str:
-    """Where the call that set the crash up was made: the DataLoader the last pass drew from."""
-    if kind == "loader":
-        last = next((p for p in reversed(_of(case.ranks[rank], "pass")) if p.get("loader")), None)
-        if last is not None and not last.get("collate_fn"):
-            return f"line {last['loader']} ({case.code(last['loader'])}) built the loader it read; "
-    return ""
+def set_up(events: list[dict], message: str, code: Callable[[int], str] | None = None) -> str:
+    """Where the learner's call that set torch's ``message`` up was made, when that is not the line that raised
+    (:data:`torch_errors.SET_UP`): the DataLoader the last pass drew from, built without a collate_fn; else ''. For a
+    script's run and a cell's function alike (``code``: a line's text, where the source is known)."""
+    last = next((p for p in reversed(_of(events, "pass")) if p.get("loader")), None)
+    if torch_errors.set_up_by(message) != "loader" or last is None or last.get("collate_fn"):
+        return ""
+    shown = f" ({code(last['loader'])})" if code else ""
+    return f"line {last['loader']}{shown} built the loader it read; "
 
 
 def crashed(case: Case) -> str | None:
@@ -423,9 +420,10 @@ def crashed(case: Case) -> str | None:
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"
-        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"]) or (
+        why = branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank) or torch_errors.explain(
+            e.get("detail") or e["message"]) or (
             shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("at")) else None)
-        setup = _set_up(case, rank, torch_errors.set_up_by(e.get("detail") or e["message"]))
+        setup = set_up(events, e.get("detail") or e["message"], case.code)
         return f"{said.rstrip('.')}; {setup}{why}" if why else said
     return None
 

@@ -41,11 +41,11 @@ def call_named(name: str) -> str | None:
     return next((call for call in CALLS if call in str(name).lower()), None)
 
 
-def _asked(name: str) -> None:
-    """A lab's run shows the answer: it starts only once a prediction is kept."""
+def _asked(name: str, kept: bool = True) -> None:
+    """A lab of :data:`BATCH`; its run shows the answer: it starts only once a prediction is ``kept``."""
     if name not in BATCH:
         raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
-    if name not in _predictions:
+    if kept and name not in _predictions:
         raise CheckFailed(f"predict first: run the prediction cell above (check.predict_hang({name!r}, waits)); "
                           f"this run shows the answer")
 
@@ -142,8 +142,7 @@ def _compare(run: Run, waits: dict[int, tuple[str, int]]) -> list[tuple[str | No
 
 def predict(name: str, waits: dict[int, tuple[str, int]]) -> None:
     """Keep your prediction for lab ``name``, before its run: {rank: (the call it stops in, its line of train())}."""
-    if name not in BATCH:
-        raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
+    _asked(name, kept=False)
     waits = _valid(waits)
     kept = _predictions.get(name)
     if kept is not None and kept.made < _runs_started.get(name, 0.0):

@@ -69,9 +69,6 @@ class Case:
     def items(self) -> str:
         return "training molecules" if self.step is not None else "training items"
 
-    def ended_well(self) -> bool:
-        return all(how(events) == "ok" for events in self.ranks.values())
-
 
 def read_metrics(out: Path) -> dict | None:
     """What rank 0 wrote to OUT/metrics.json (the core's reader); None if nothing readable."""
@@ -169,21 +166,20 @@ def _reduced_twice(case: Case) -> tuple[dict, dict] | None:
     return None
 
 
-def _logged_line(case: Case, epoch: int) -> int | None:
+def _logged_at(case: Case, epoch: int) -> tuple[int | None, str]:
+    """(the line that logged ``epoch``, ' (logged at line N, its code)')."""
     logged = _of(case.ranks[0], "logged")
-    return logged[epoch]["line"] if epoch < len(logged) else None
+    line = logged[epoch]["line"] if epoch < len(logged) else None
+    return line, f" (logged at line {line}, {case.code(line)})" if line else ""
 
 
-def _logged_at(case: Case, epoch: int) -> str:
-    line = _logged_line(case, epoch)
-    return f" (logged at line {line}, {case.code(line)})" if line else ""
-
-
-def _logged_mistake(case: Case) -> str | None:
-    """The loss and the molecules rank 0 logged each epoch: the mean and the sum over every rank's batches; where
-    they differ, the line that made the difference (an all_reduce done twice, a scale by the world size, an op)."""
+def logged(case: Case) -> str | None:
+    """What rank 0 logs (the loss, the molecules, every throughput figure) is the sum, or the mean where the name says
+    so, over every rank's batches, in a run that ended well; where they differ, the line that made the difference (an
+    all_reduce done twice, a scale by the world size, an op)."""
     world = len(case.ranks)
-    for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs]):
+    ended_well = all(how(events) == "ok" for events in case.ranks.values())
+    for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs] if ended_well else ()):
         held = _held(case, e)
         count = sum(n for _, n in held.values())
         if not count:
@@ -191,9 +187,10 @@ def _logged_mistake(case: Case) -> str | None:
         truth, own, logged = sum(s for s, _ in held.values()) / count, held[0][0] / max(held[0][1], 1), row["train_loss"]
         molecules = core_metrics.logged_samples(row) if row.get("seconds") else count
         twice = _reduced_twice(case)
-        scale = source.world_scale(case.source, _logged_line(case, e))
+        line, shown = _logged_at(case, e)
+        scale = source.world_scale(case.source, line)
         if not _close(logged, truth):
-            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}{_logged_at(case, e)}; the mean over the {count} "
+            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}{shown}; the mean over the {count} "
                     f"molecules every rank trained on is {truth:.4f}")
             ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
                    if c.get("op") not in (None, "SUM", "AVG")
@@ -204,8 +201,8 @@ def _logged_mistake(case: Case) -> str | None:
                 return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
             if scale and (_close(logged * world, truth) or _close(logged, truth * world)):
                 at, text = scale
-                how = "divides" if _close(logged * world, truth) else "multiplies"
-                return (f"{what}: line {at} ({text}) {how} by the world size ({world}) a loss that the totals summed "
+                verb = "divides" if _close(logged * world, truth) else "multiplies"
+                return (f"{what}: line {at} ({text}) {verb} by the world size ({world}) a loss that the totals summed "
                         f"over every rank already made the mean; divide the summed loss by the summed molecules, and "
                         f"by nothing else")
             return what
@@ -222,7 +219,7 @@ def _logged_mistake(case: Case) -> str | None:
                         f"log the summed count as it is")
             found = _totals_call(case, held, molecules)
             if found is None:
-                return (f"{said}{_logged_at(case, e)}: count every rank's molecules, all_reduce the [loss sum, "
+                return (f"{said}{shown}: count every rank's molecules, all_reduce the [loss sum, "
                         f"molecules] totals (ReduceOp.SUM)")
             call, values = found
             how_much = "halved" if 2 * molecules == count else f"{molecules} of {count}"
@@ -252,12 +249,6 @@ def summed(case: Case) -> str | None:
     return None
 
 
-def logged(case: Case) -> str | None:
-    """What rank 0 logs (the loss, the molecules, every throughput figure) is the sum, or the mean where the name says
-    so, over every rank's batches."""
-    return _logged_mistake(case) if case.metrics and case.ended_well() else None
-
-
 def _calls(events: list[dict]) -> list[dict]:
     """This rank's collectives in the order it entered them; once it wrapped a model in DDP, its backward() calls
     too (each all-reduces the gradients)."""
@@ -275,21 +266,12 @@ def _line_of(case: Case, event: dict) -> str:
     return f"line {event.get('line')}" + (f" (in {name}, called at line {via[-1]})" if len(via) > 1 and name else "")
 
 
-def _said(case: Case, call: dict) -> str:
-    return f"{call_name(call)} at {_line_of(case, call)}"
-
-
-def _shorten(text: str, case: Case) -> str:
-    """The hang watch's line with the script's path as its name."""
-    return re.sub(r"\S*/" + re.escape(case.name), case.name, text)
-
-
 def _waited(case: Case, ranks: list[int]) -> str:
     """What ``ranks`` waited in, and how that ended: the hang watch's line where it saw it."""
     watched = next((b["line"] for b in case.run.hang if b.get("missing")), None) or \
         next((b["line"] for b in case.run.hang), None)
     if watched:
-        return _shorten(watched, case)
+        return re.sub(r"\S*/" + re.escape(case.name), case.name, watched)  # the script's path as its name
     said = []
     for rank in ranks:
         events = case.ranks[rank]
@@ -342,7 +324,7 @@ def same_collectives(case: Case) -> str | None:
     at = {r: cs[i] for r, cs in calls.items() if i < len(cs)}
     without = [r for r in calls if r not in at]
     ended = {"ok": " (it finished)", "error": " (it raised)"}
-    each = ", ".join(f"rank {r} called {_said(case, at[r])}" if r in at else
+    each = ", ".join(f"rank {r} called {call_name(at[r])} at {_line_of(case, at[r])}" if r in at else
                      f"rank {r} called nothing more{ended.get(how(case.ranks[r]), ' (it was elsewhere in its script)')}"
                      for r in calls)
     if any(how(case.ranks[r]) == "error" for r in without):
@@ -672,12 +654,6 @@ def _what_each_read(case: Case) -> str:
             (", a new order each epoch" if case.epochs > 1 else ""))
 
 
-def _spread(case: Case) -> str:
-    spread = spreads(case.run.params)
-    most = max(spread, default=0.0)
-    return "0.0" if most == 0 else f"at most {most:.1g}"
-
-
 def _drift(case: Case) -> str:
     spread = spreads(case.run.params)
     if max(spread, default=0.0) == 0:
@@ -721,7 +697,8 @@ RULES = (
     Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
     Rule("the replicas start from the same weights", same_start, ANY, says=(((2,), _drift),)),
     Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, *DDP),
-         says=((DDP, lambda c: f"spread after every step {_spread(c)}"), ((None,), _any_replicas))),
+         says=((DDP, lambda c: "spread after every step " + (f"at most {most:.1g}" if (
+             most := max(spreads(c.run.params), default=0.0)) else "0.0")), ((None,), _any_replicas))),
     Rule("every rank loads the same split", same_split, ALL, data=True),
     Rule("every rank reads the training data every epoch", every_epoch, (1,), data=True),
     Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, (None, *STEPS), data=True),

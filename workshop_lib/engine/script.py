@@ -128,20 +128,18 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
                   argv: Sequence[str] = ()) -> list[tuple[str, str]]:
     """('done' | 'wrong' | 'not started' | 'refused', one line) for each script; ``argv``: the arguments of a script
     that is not a workshop step."""
-    paths = [Path(p) for p in paths]
-    steps = list(steps or [None] * len(paths))
-    results: list[tuple[str, str] | None] = [None] * len(paths)
-    for i, path in enumerate(paths):
-        steps[i] = step_of(path, steps[i])
-        why = refused(path)
-        if why:
-            results[i] = ("refused" if not path.is_file() or path.suffix != ".py" else "wrong", why)
-        elif steps[i] is not None and not_started(path, steps[i]):
-            results[i] = ("not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)")
     with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
-        for i in (i for i, r in enumerate(results) if r is None):
-            results[i] = judge(paths[i], steps[i], Path(tmp) / f"script{i}", argv)
-    return results  # type: ignore[return-value]
+        return [_status(Path(path), step_of(Path(path), step), Path(tmp) / f"script{i}", argv)
+                for i, (path, step) in enumerate(zip(paths, steps or [None] * len(paths), strict=True))]
+
+
+def _status(path: Path, step: int | None, work: Path, argv: Sequence[str]) -> tuple[str, str]:
+    why = refused(path)
+    if why:
+        return "refused" if not path.is_file() or path.suffix != ".py" else "wrong", why
+    if step is not None and not_started(path, step):
+        return "not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)"
+    return judge(path, step, work, argv)
 
 
 def check(path: str | Path, step: int | None = None) -> None:

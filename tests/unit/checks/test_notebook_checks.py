@@ -337,6 +337,18 @@ def test_check_failed_renders_as_one_line():
     assert common.CheckFailed("pass rank=")._render_traceback_() == ["\N{BALLOT X} pass rank="]
 
 
+def test_one_verdict_protocol_a_tick_a_raised_cross_or_a_printed_one_for_a_prediction(capsys):
+    """Every judge returns its mistake; verdict makes it the one line: ✓ what was measured, else ✗ raised (a check)
+    or printed (a prediction, which never raises)."""
+    common.verdict(None, "2 ranks summed 3")
+    common.verdict("off by one", "unused", prediction=True)
+    assert capsys.readouterr().out == "\N{CHECK MARK} 2 ranks summed 3\n\N{BALLOT X} off by one\n"
+    with pytest.raises(common.CheckFailed, match=r"^pass rank=$"):
+        common.verdict("pass rank=", "unused")
+    assert common.first((False, "a"), (0, "b"), ([1], "c"), (True, "d")) == "c"
+    assert common.first((False, "a")) is None
+
+
 # ------------------------------------------------------------- 01: check_all_reduce (2 forked ranks)
 
 def reduce_ok(device):

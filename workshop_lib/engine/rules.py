@@ -2,9 +2,11 @@
 
 A judge measures its invariant on the record and, where it breaks, names the line, the cause (read from the
 record and from the script's text) and the fix in one line. :func:`first_mistake` asks them in the table's order:
-how the run went comes first (the script ran, the group formed, the sums hold, the collectives agree, nobody
-crashed), so that no later rule, and no ✓, is read from a run that did not end well. :func:`passed` builds the ✓
-line from the same measurements, so it states only what was measured.
+how the run went comes first (the group formed, the sums hold, the script ran, the collectives agree, nobody
+crashed), so that no later rule, and no ✓, is read from a run that did not end well; the rules that judge other
+runs of the script (its data at 1 and 3 ranks, step 4's resume) come last and start those runs only then. Each
+rule's scope says which runs and steps it judges; each says what its ✓ claims, so :func:`passed` builds the ✓ line
+from the rules that were measured, and states only what was measured.
 """
 
 from __future__ import annotations
@@ -723,7 +725,7 @@ RULES = (
     Rule("step 4's resumed run loads the snapshot with weights_only=True and a map_location", resume.loading, (4,)),
     Rule("step 4's resumed run trains the epochs after the snapshot's alone", resume.epochs_trained, (4,)),
     Rule("step 4's resumed run ends with the uninterrupted run's figures", resume.figures, (4,),
-         says=(((4,), lambda c: resume.PASSED if c.again else None),)),
+         says=(((4,), lambda c: resume.PASSED if {"resumed", "whole"} <= set(c.later) else None),)),
 )
 
 

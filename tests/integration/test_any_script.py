@@ -85,13 +85,17 @@ def test_the_tutorials_script_passes_with_its_own_arguments_and_says_what_was_ju
     assert proc.returncode == 0, proc.stdout + proc.stderr
     said, verdict = proc.stdout.splitlines()
     assert said.startswith("train.py is not a workshop step (no --step, its name is not stepN_*.py), judged by the "
-                           "rules for any DDP script: every rank runs the script it was given (no TODO left open"), said
+                           "rules for any DDP script: every rank joins one group, as its own rank, with the backend of "
+                           "its device; every rank runs the script it was given (no TODO left open"), said
     assert "; the same collectives in the same order on every rank; " in said
-    assert said.endswith(". Left to a workshop step (--step N): check_all_reduce's all-reduce leaves every rank the sum "
-                         "of what the ranks held; what rank 0 logs is the sum, or the mean, over every "
-                         "rank's batches; every rank loads the same split; rank 0 alone evaluates the whole dev set "
-                         "once an epoch, through the plain model; the files: model.pt in plain keys and metrics.json; "
-                         "step 4's resume"), said
+    assert ". Left to a workshop step (--step N): check_all_reduce's all-reduce leaves every rank the sum of what the "\
+           "ranks held; every rank loads the same split; " in said
+    assert said.endswith("; what rank 0 logs is the sum, or the mean, over every rank's batches; step 4's snapshot: in "
+                         "--out, loadable with weights_only=True, holding the last epoch; step 4's snapshot: written to a "
+                         "temporary file in --out, then renamed onto it; step 4's resumed run and an uninterrupted one "
+                         "each run well; step 4's resumed run loads the snapshot with weights_only=True and a "
+                         "map_location; step 4's resumed run trains the epochs after the snapshot's alone; step 4's "
+                         "resumed run ends with the uninterrupted run's figures"), said
     assert verdict == (
         "\N{CHECK MARK} train.py: 2 ranks, 4 epoch(s): each read its own 256 of 512 training items, a new order each "
         "epoch; the same 32 collectives on every rank (a backward() through DDP counted as one, its gradient "

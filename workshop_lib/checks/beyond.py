@@ -14,7 +14,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workshop_lib.engine.common import CheckFailed, _call, _passed, as_share, is_number, judge_prediction, raised, run_forked
+from workshop_lib.engine.common import (
+    CheckFailed,
+    _call,
+    as_share,
+    first,
+    is_number,
+    judge_prediction,
+    raised,
+    run_forked,
+    verdict,
+)
 
 MLP_BUCKETS = 4  # DDP's buckets of MLP() at bucket_cap_mb=1: the last Linear with the one before, then one each
 
@@ -62,24 +72,20 @@ def compiled_ddp(fn: Callable, predicted: int | None = None, nprocs: int = 2, ti
     """``fn(model, backend, bucket_cap_mb)`` compiles ``MLP()`` and wraps it in DDP: one graph a bucket; then the
     learner's ``predicted`` number of graphs, with a tick or a cross."""
     r = run_forked(_compiled, nprocs, fn, timeout=timeout, name="compile_and_wrap")[0]
-    if not r["graphs"]:
-        raise CheckFailed("Dynamo compiled no graph: compile the model with the backend given "
-                          "(model.compile(backend=backend)), then wrap it in DDP")
-    if not r["same_grads"]:
-        raise CheckFailed("the ranks hold different gradients after backward(): wrap the compiled model in DDP, "
-                          "which averages them")
-    if r["keys"][0].startswith("_orig_mod."):
-        raise CheckFailed(f"you compiled the DDP wrapper (keys read {r['keys'][0]}): torch's docs advise compiling "
-                          f"the inner model in place, model.compile(...), then wrapping it in DDP")
-    if "_orig_mod." in r["keys"][0]:
-        raise CheckFailed(f"the keys read {r['keys'][0]}: torch.compile(model) returned a wrapper whose keys gain "
-                          f"_orig_mod.; model.compile(...) compiles in place and keeps the model's keys")
-    if len(r["graphs"]) != MLP_BUCKETS:
-        raise CheckFailed(f"Dynamo compiled {len(r['graphs'])} graphs, expected one per DDP bucket "
-                          f"({MLP_BUCKETS} at bucket_cap_mb=1): pass bucket_cap_mb to DDP")
-    _passed(f"compiled, then wrapped: Dynamo handed the backend {len(r['graphs'])} graphs (ops: "
-            f"{', '.join(map(str, r['graphs']))}), one per DDP bucket; the ranks hold the same gradients; "
-            f"keys as {r['keys'][0]}")
+    graphs, key = r["graphs"], r["keys"][0]
+    verdict(first((not graphs, "Dynamo compiled no graph: compile the model with the backend given "
+                               "(model.compile(backend=backend)), then wrap it in DDP"),
+                  (not r["same_grads"], "the ranks hold different gradients after backward(): wrap the compiled model "
+                                        "in DDP, which averages them"),
+                  (key.startswith("_orig_mod."), f"you compiled the DDP wrapper (keys read {key}): torch's docs advise "
+                                                 f"compiling the inner model in place, model.compile(...), then wrapping "
+                                                 f"it in DDP"),
+                  ("_orig_mod." in key, f"the keys read {key}: torch.compile(model) returned a wrapper whose keys gain "
+                                        f"_orig_mod.; model.compile(...) compiles in place and keeps the model's keys"),
+                  (len(graphs) != MLP_BUCKETS, f"Dynamo compiled {len(graphs)} graphs, expected one per DDP bucket "
+                                               f"({MLP_BUCKETS} at bucket_cap_mb=1): pass bucket_cap_mb to DDP")),
+            f"compiled, then wrapped: Dynamo handed the backend {len(graphs)} graphs (ops: {', '.join(map(str, graphs))}), "
+            f"one per DDP bucket; the ranks hold the same gradients; keys as {key}")
     judge_prediction("the graphs", predicted, len(r["graphs"]), predicted == len(r["graphs"]), "one per DDP bucket")
 
 
@@ -156,29 +162,21 @@ def fsdp(shard: Callable, evaluate_and_save: Callable, nprocs: int = 2, timeout:
         if ran and len(ran) < nprocs:
             raise CheckFailed(f"only rank {', '.join(map(str, ran))} ran the forward: {alone}") from None
         raise
-    forwards = [r["forwards"] for r in ranks]
-    if len(set(forwards)) > 1:
-        raise CheckFailed(f"the ranks ran the forward {forwards} times: {alone}")
-    if error := next((r["error"] for r in ranks if r["error"]), None):
-        raise CheckFailed(f"evaluate_and_save raised {error}")
-    units = ranks[0]["units"]
-    if len(units) < 4:
-        raise CheckFailed(f"fully_shard units: {', '.join(units)}: call fully_shard on each LSTM and on the head, "
-                          f"then on the model, so that one block at a time is whole")
-    if not all(r["logits_ok"] for r in ranks):
-        raise CheckFailed("evaluate_and_save must return the model's logits on every rank, as the unsharded model "
-                          "computes them")
-    saved = ranks[0]["saved"]
-    if saved is None:
-        raise CheckFailed("rank 0 saved no file at path: torch.save the gathered state dict there")
-    if any(kind != "Tensor" for kind, _ in saved.values()):
-        kind = next(kind for kind, _ in saved.values() if kind != "Tensor")
-        raise CheckFailed(f"the file holds {kind}s, each rank's shard: under FSDP model.state_dict() is sharded; "
-                          f"gather it with get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
-                          f"cpu_offload=True))")
-    if sorted(saved) != sorted(ranks[0]["keys"]) or not all(same for _, same in saved.values()):
-        raise CheckFailed("the saved weights are not the whole model's: save the full state dict, as gathered")
-    _passed(f"{len(units)} fully_shard units; every rank ran the forward once and got the unsharded model's logits; "
+    forwards, units, saved = [r["forwards"] for r in ranks], ranks[0]["units"], ranks[0]["saved"] or {}
+    kind = next((kind for kind, _ in saved.values() if kind != "Tensor"), None)
+    verdict(first((len(set(forwards)) > 1, f"the ranks ran the forward {forwards} times: {alone}"),
+                  *((True, f"evaluate_and_save raised {r['error']}") for r in ranks if r["error"]),
+                  (len(units) < 4, f"fully_shard units: {', '.join(units)}: call fully_shard on each LSTM and on the "
+                                   f"head, then on the model, so that one block at a time is whole"),
+                  (not all(r["logits_ok"] for r in ranks), "evaluate_and_save must return the model's logits on every "
+                                                           "rank, as the unsharded model computes them"),
+                  (ranks[0]["saved"] is None, "rank 0 saved no file at path: torch.save the gathered state dict there"),
+                  (kind, f"the file holds {kind}s, each rank's shard: under FSDP model.state_dict() is sharded; gather "
+                         f"it with get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
+                         f"cpu_offload=True))"),
+                  (sorted(saved) != sorted(ranks[0]["keys"]) or not all(same for _, same in saved.values()),
+                   "the saved weights are not the whole model's: save the full state dict, as gathered")),
+            f"{len(units)} fully_shard units; every rank ran the forward once and got the unsharded model's logits; "
             f"rank 0 saved {len(saved)} full tensors equal to the model's weights")
 
 
@@ -216,19 +214,17 @@ def resume(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
         raise CheckFailed("resume must return (model, optimizer)")
     model, optimizer = got
     weights = model.state_dict()
-    if sorted(weights) != sorted(saved["model"]):
-        raise CheckFailed(f"the model's keys ({next(iter(weights))}, ...) are not the saved ones "
-                          f"({next(iter(saved['model']))}, ...): resume into the plain model, no wrapper")
-    differ = [k for k, v in saved["model"].items() if not torch.equal(weights[k], v)]
-    if differ:
-        raise CheckFailed(f"{len(differ)} of {len(weights)} weights differ from the 2 ranks' ({differ[0]} first): "
-                          f"dcp.load into the state dict, then set_state_dict(model, optimizer, ...)")
+    differ = [k for k, v in saved["model"].items() if k in weights and not torch.equal(weights[k], v)]
     state = get_state_dict(model, optimizer)[1]["state"]
-    if any(k not in state or not torch.equal(state[k]["exp_avg"], v) for k, v in saved["exp_avg"].items()):
-        raise CheckFailed("the weights match, the optimizer's state does not (AdamW's exp_avg): load the optimizer "
-                          "too, get_state_dict(model, optimizer) before dcp.load and set_state_dict after it")
-    _passed(f"1 process resumed what {nprocs} ranks saved: {len(weights)} weights and AdamW's moments equal, "
-            f"bit for bit")
+    verdict(first((sorted(weights) != sorted(saved["model"]),
+                   f"the model's keys ({next(iter(weights), '')}, ...) are not the saved ones "
+                   f"({next(iter(saved['model']))}, ...): resume into the plain model, no wrapper"),
+                  (differ, f"{len(differ)} of {len(weights)} weights differ from the 2 ranks' ({(differ or [''])[0]} "
+                           f"first): dcp.load into the state dict, then set_state_dict(model, optimizer, ...)"),
+                  (any(k not in state or not torch.equal(state[k]["exp_avg"], v) for k, v in saved["exp_avg"].items()),
+                   "the weights match, the optimizer's state does not (AdamW's exp_avg): load the optimizer too, "
+                   "get_state_dict(model, optimizer) before dcp.load and set_state_dict after it")),
+            f"1 process resumed what {nprocs} ranks saved: {len(weights)} weights and AdamW's moments equal, bit for bit")
 
 
 def main() -> None:

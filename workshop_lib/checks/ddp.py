@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from workshop_lib.engine.common import CheckFailed, _passed, is_number, judge_prediction
+from workshop_lib.engine.common import CheckFailed, first, is_number, judge_prediction, verdict
 
 SAME_GLOBAL, SAME_PER_RANK, DDP_RUN = "1x2, batch 128", "1x2, batch 64", "2x1, batch 64 each"
 
@@ -87,18 +87,18 @@ def terminal_run(out, path) -> None:
 
     out, path = Path(out), Path(path)
     metrics = read_metrics(out)
-    if metrics is None:
-        raise CheckFailed(f"no {out.name}/metrics.json: run the torchrun command above (with --out {out.name}) first")
-    if (out / "metrics.json").stat().st_mtime < path.stat().st_mtime:
-        raise CheckFailed(f"{out.name}/metrics.json is older than {path.name}: run the torchrun command again")
+    if metrics is None or (out / "metrics.json").stat().st_mtime < path.stat().st_mtime:
+        raise CheckFailed(f"no {out.name}/metrics.json: run the torchrun command above (with --out {out.name}) first"
+                          if metrics is None else f"{out.name}/metrics.json is older than {path.name}: run the torchrun "
+                                                  f"command again")
     spreads = [row["replica_spread"] for row in metrics["history"]]
-    if metrics["world_size"] < 2 or metrics["script"] != "step3_ddp":
-        raise CheckFailed(f"{out.name} holds a run of {metrics['script']} on {metrics['world_size']} process(es): "
-                          f"start step 3 with --nproc_per_node=2")
-    if any(spreads):
-        raise CheckFailed(f"the replicas drifted apart in your run (spread {max(spreads):.3g}): is the model wrapped?")
     keys = list(torch.load(out / "model.pt", map_location="cpu", weights_only=True))
-    if any(k.startswith("module.") for k in keys):
-        raise CheckFailed("model.pt holds the wrapper's keys (module.*): save model.module.state_dict()")
-    _passed(f"your run: {metrics['world_size']} ranks, {len(spreads)} epochs, every replica equal after each "
-            f"(spread 0), model.pt the plain model's {len(keys)} tensors, dev ROC AUC {metrics['dev_roc_auc']:.2f}")
+    verdict(first((metrics["world_size"] < 2 or metrics["script"] != "step3_ddp",
+                   f"{out.name} holds a run of {metrics['script']} on {metrics['world_size']} process(es): start step 3 "
+                   f"with --nproc_per_node=2"),
+                  (any(spreads), f"the replicas drifted apart in your run (spread {max(spreads):.3g}): is the model "
+                                 f"wrapped?"),
+                  (any(k.startswith("module.") for k in keys),
+                   "model.pt holds the wrapper's keys (module.*): save model.module.state_dict()")),
+            f"your run: {metrics['world_size']} ranks, {len(spreads)} epochs, every replica equal after each (spread 0), "
+            f"model.pt the plain model's {len(keys)} tensors, dev ROC AUC {metrics['dev_roc_auc']:.2f}")

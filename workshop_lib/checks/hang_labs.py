@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.checks.hang_runs import BATCH, NOTEBOOK, TIMEOUT, TRAIN_CELL, Run, launch, terminal, train_offset
-from workshop_lib.engine.common import CheckFailed, _missed, _passed
+from workshop_lib.engine.common import CheckFailed, verdict
 from workshop_lib.figures import sequences
 
 # The calls a reading may name, as the record names them (a collective, or DDP's backward or forward)
@@ -41,11 +41,11 @@ def call_named(name: str) -> str | None:
     return next((call for call in CALLS if call in str(name).lower()), None)
 
 
-def _asked(name: str) -> None:
-    """A lab's run shows the answer: it starts only once a prediction is kept."""
+def _asked(name: str, kept: bool = True) -> None:
+    """A lab of :data:`BATCH`; its run shows the answer: it starts only once a prediction is ``kept``."""
     if name not in BATCH:
         raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
-    if name not in _predictions:
+    if kept and name not in _predictions:
         raise CheckFailed(f"predict first: run the prediction cell above (check.predict_hang({name!r}, waits)); "
                           f"this run shows the answer")
 
@@ -120,8 +120,9 @@ def _valid(waits: object) -> dict[int, tuple[str, int]]:
     return {r: (call_named(w[0]), w[1]) for r, w in waits.items()}
 
 
-def _compare(run: Run, waits: dict[int, tuple[str, int]]) -> list[tuple[bool, str]]:
-    """(right, what to say) for each rank: its call and its line; what is wrong is named, not its answer."""
+def _compare(run: Run, waits: dict[int, tuple[str, int]]) -> list[tuple[str | None, str]]:
+    """(the mistake or None, what was measured) for each rank: its call and its line; what is wrong is named, not its
+    answer."""
     truth = stops(run)
     if not truth:
         raise CheckFailed("this run neither hung nor raised in train(), so there is nothing to compare with: run the "
@@ -130,24 +131,18 @@ def _compare(run: Run, waits: dict[int, tuple[str, int]]) -> list[tuple[bool, st
     before = train_offset(run.script) if run.script else None
     said = []
     for rank, (call, line, code) in sorted(truth.items()):
-        if rank not in waits:
-            said.append((False, f"rank {rank} stops too: you gave nothing for it"))
-            continue
-        given_call, given_line = waits[rank]
-        call_ok = given_call == call
-        line_ok = given_line in (line, None if before is None else line + before)
-        if call_ok and line_ok:
-            said.append((True, f"rank {rank} {verb} in {call}, called at line {line} of train(): {code}"))
-        else:
-            said.append((False, f"rank {rank}: in {given_call}, {'yes' if call_ok else 'no'}; at line {given_line}, "
-                                f"{'yes' if line_ok else 'no'}"))
+        given_call, given_line = waits.get(rank, (None, None))
+        call_ok, line_ok = given_call == call, given_line in (line, None if before is None else line + before)
+        wrong = None if call_ok and line_ok else (
+            f"rank {rank}: in {given_call}, {'yes' if call_ok else 'no'}; at line {given_line}, "
+            f"{'yes' if line_ok else 'no'}" if rank in waits else f"rank {rank} stops too: you gave nothing for it")
+        said.append((wrong, f"rank {rank} {verb} in {call}, called at line {line} of train(): {code}"))
     return said
 
 
 def predict(name: str, waits: dict[int, tuple[str, int]]) -> None:
     """Keep your prediction for lab ``name``, before its run: {rank: (the call it stops in, its line of train())}."""
-    if name not in BATCH:
-        raise CheckFailed(f"no hang lab named {name!r}; pick one of {', '.join(BATCH)}")
+    _asked(name, kept=False)
     waits = _valid(waits)
     kept = _predictions.get(name)
     if kept is not None and kept.made < _runs_started.get(name, 0.0):
@@ -167,17 +162,13 @@ def check(run: Run, waits: dict[int, tuple[str, int]]) -> None:
         raise CheckFailed(f"no prediction was kept for {run.name} before this run: run its prediction cell, then the "
                           f"job again")
     reading = _valid(waits)
-    said = _compare(run, kept.waits)
     print("your prediction, kept before the run:")
-    for right, text in said:
-        (_passed if right else _missed)(text)
-    if reading != kept.waits:
-        said = _compare(run, reading)
-    wrong = next((text for right, text in said if not right), None)
-    if wrong:
-        raise CheckFailed(f"your reading: {wrong}: read the run's output again (each rank's innermost call, and the "
-                          f"line of train() it came from), change waits, and run the prediction cell and this one")
-    _passed("your reading agrees with the record, rank by rank" if reading != kept.waits else
+    for wrong, measured in _compare(run, kept.waits):
+        verdict(wrong, measured, prediction=True)
+    wrong = next((w for w, _ in _compare(run, reading) if w), None)
+    verdict(wrong and f"your reading: {wrong}: read the run's output again (each rank's innermost call, and the line "
+                      f"of train() it came from), change waits, and run the prediction cell and this one",
+            "your reading agrees with the record, rank by rank" if reading != kept.waits else
             "your reading is your prediction, and the record agrees with every part")
     print(f"why, and what the fix costs: the worked notebook, notebooks/{NOTEBOOK}, below this lab")
 
@@ -185,41 +176,46 @@ def check(run: Run, waits: dict[int, tuple[str, int]]) -> None:
 # --------------------------------------------------------------------------------------------- the fix
 
 
-def verdict(run: Run) -> tuple[bool, str]:
-    """(trains correctly, the one line that says so or names what is wrong) for a run of a fix."""
+def fix_mistake(run: Run) -> str | None:
+    """What keeps a run of a fix from training correctly, in one line; None if it trains correctly."""
     if run.record:
-        return False, f"it still hangs: {run.record[0]['line']}"
+        return f"it still hangs: {run.record[0]['line']}"
     if run.timed_out:
-        return False, f"it did not end within {TIMEOUT:g} s: a rank waits for one that never comes"
+        return f"it did not end within {TIMEOUT:g} s: a rank waits for one that never comes"
     if run.errors:
         rank, error = min(run.errors.items())
-        return False, f"it still fails: rank {rank} raised {error}"
+        return f"it still fails: rank {rank} raised {error}"
     steps = [r["steps"] for r in run.results or []]
     spreads = [r["spread"] for r in run.results or []]
     each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(steps))
     if len(set(steps)) > 1:
-        return False, (f"it ends, but the ranks ran different numbers of optimizer steps ({each}): the replicas "
-                       f"stepped apart; every rank must train on the same number of batches")
+        return (f"it ends, but the ranks ran different numbers of optimizer steps ({each}): the replicas stepped "
+                f"apart; every rank must train on the same number of batches")
     if not steps or steps[0] == 0:
-        return False, "it ends, but no rank ran an optimizer step: train() must train"
+        return "it ends, but no rank ran an optimizer step: train() must train"
     if spreads[0] is None:
-        return False, "it ends, but the ranks' models do not even have the same number of weights"
+        return "it ends, but the ranks' models do not even have the same number of weights"
     if spreads[0] > 0:
-        return False, (f"it ends, but the replicas differ by {spreads[0]:.3g} after training: the ranks' gradients "
-                       f"were not averaged in every step (each rank trained its own model)")
+        return (f"it ends, but the replicas differ by {spreads[0]:.3g} after training: the ranks' gradients were not "
+                f"averaged in every step (each rank trained its own model)")
     if any(r["wrapper"] for r in run.results):
-        return False, ("it trains, but evaluate() still gets the DDP wrapper, whose forward may start a collective "
-                       "on the one rank that evaluates: evaluate the model inside it")
-    said = f"both ranks ran {steps[0]} optimizer steps, and their replicas are equal (spread 0): it trains correctly"
+        return ("it trains, but evaluate() still gets the DDP wrapper, whose forward may start a collective on the one "
+                "rank that evaluates: evaluate the model inside it")
+    return None
+
+
+def trained(run: Run) -> str:
+    """The ✓ of a fix that trains correctly: what its run measured."""
+    said = (f"both ranks ran {run.results[0]['steps']} optimizer steps, and their replicas are equal (spread 0): it "
+            f"trains correctly")
     if any(r.get("find_unused") for r in run.results):
         said += ("; find_unused_parameters=True pays in every step (a walk of the autograd graph and one more "
                  "all-reduce), where freezing a part before DDP wraps the model, or removing it, is free")
-    return True, said
+    return said
 
 
 def check_fix(name: str, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> None:
     """Run your train() of lab ``name`` (its cells as you ran them) on 2 ranks; ✓ when it trains correctly."""
-    ok, said = verdict(launch(name, broken=False, notebook=notebook, edit=edit))
-    if not ok:
-        raise CheckFailed(said)
-    _passed(said)
+    run = launch(name, broken=False, notebook=notebook, edit=edit)
+    wrong = fix_mistake(run)
+    verdict(wrong, "" if wrong else trained(run))

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from workshop_lib.engine.common import CheckFailed, _passed
+from workshop_lib.engine.common import CheckFailed, verdict
 from workshop_lib.launching.launch import free_port, torchrun_argv
 from workshop_lib.launching.processes import kill_tree
 from workshop_lib.paths import lab_root
@@ -118,9 +118,9 @@ def two_node_command(command: str, script: str = "solutions/step4_snapshots.py",
     lines = run_here(args, timeout)
     for line in lines:
         print("  " + line)
-    if len(lines) != 2 or not all(line.endswith("= 2") for line in lines):
-        raise CheckFailed(f"expected 2 ranks, each with all_reduce = 2; the ranks said: {lines}")
-    _passed("two agents met at one c10d rendezvous and formed one group of 2 ranks: every node runs this command")
+    verdict(None if len(lines) == 2 and all(line.endswith("= 2") for line in lines) else
+            f"expected 2 ranks, each with all_reduce = 2; the ranks said: {lines}",
+            "two agents met at one c10d rendezvous and formed one group of 2 ranks: every node runs this command")
 
 
 def _whoami() -> None:

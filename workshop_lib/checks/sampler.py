@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import inspect
 import io
 import math
 import os
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, default_collate
+from torch.utils.data import DataLoader, DistributedSampler
 
 from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.launchenv import launch_variables
+from workshop_lib.engine import rules, torch_errors
 from workshop_lib.engine import shards as judged
-from workshop_lib.engine.common import CheckFailed, _passed, is_number, judge_prediction, run_forked, said
+from workshop_lib.engine.common import CheckFailed, is_number, judge_prediction, run_forked, said, verdict
 from workshop_lib.engine.recorder import Recorder, passes, recording
-from workshop_lib.errors import first_line
 
 # (ranks, ranks a node): as the script checker runs a script (torchrun --nnodes=2 --nproc_per_node=1: LOCAL_RANK 0
 # on both), then one node of 3: a loader sized for a fixed number of ranks, or placed by a node's numbers, shows
@@ -61,23 +59,9 @@ def _read(env, make_loader: Callable, n: int, epochs: int, per_node: int) -> dic
             sampler = make_loader(dataset, 2, SEED).sampler if end is None else None
             seed = sampler.seed if isinstance(sampler, DistributedSampler) else None
         except Exception as err:
-            end = _uncollated(make_loader, loader, err) or said(err, "make_loader")
+            setup = rules.set_up(rec.events, str(err))  # a DataLoader without collate_fn: its line, not the loop's
+            end = said(err, "make_loader", setup and setup + torch_errors.explain(str(err)))
     return {"events": rec.events, "end": end, "seed": seed}
-
-
-def _uncollated(make_loader: Callable, loader, err: Exception) -> str | None:
-    """A batch that torch's default collate could not stack: the DataLoader was given no collate_fn."""
-    if not (isinstance(err, RuntimeError) and isinstance(loader, DataLoader) and loader.collate_fn is default_collate):
-        return None
-    line = None
-    with contextlib.suppress(OSError, TypeError, SyntaxError):  # the DataLoader's line in make_loader's source
-        lines, first = inspect.getsourcelines(make_loader)
-        line = next((first + n.lineno - 1 for n in ast.walk(ast.parse(textwrap.dedent("".join(lines))))
-                     if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", "")) == "DataLoader"),
-                    None)
-    return (f"the DataLoader{f' (line {line})' if line else ''} has no collate_fn, so torch's default collate stacks "
-            f"each batch's molecules as they are, and they differ in length (torch: {first_line(err, 120)}): pass "
-            f"collate_fn=collate, which pads each batch to its longest molecule")
 
 
 def _measured(reads: dict[int, list[list[int]]], n: int, per_node: int) -> str:
@@ -94,30 +78,35 @@ def _measured(reads: dict[int, list[list[int]]], n: int, per_node: int) -> str:
 def shards(make_loader: Callable, n: int = 11, epochs: int = 2) -> None:
     """``make_loader(dataset, batch_size, seed)`` on real ranks at each of :data:`WORLDS`: disjoint shards, all of the
     items together, a new order each epoch, the seed it is given; the ✓ says what each world size read."""
-    measured = []
+    measured, wrong = [], None
     for world, per_node in WORLDS:
         ranks = dict(enumerate(run_forked(_read, world, make_loader, n, epochs, per_node, name="make_loader")))
-        events = {r: out["events"] for r, out in ranks.items()}
-        ends = {r: out["end"] for r, out in ranks.items() if out["end"]}
-        if ends:
-            r, end = min(ends.items())
-            why = judged.cause("raised", events, "train", world) if any(
-                e["kind"] == "sampler" for ev in events.values() for e in ev) else ""
-            who = "" if len(ends) == world else f"rank {r} of {world}: "  # every rank: the same mistake
-            raise CheckFailed(f"{who}{end}" + (f"; {why}" if why else ""))
-        reads = {r: passes(ev, "train") for r, ev in events.items()}
-        found = judged.read_mistake(reads, n, epochs, what="items")
-        if found is not None:
-            kind, what = found
-            why = judged.cause(kind, events, "train", world)
-            raise CheckFailed(f"{world} ranks: {what}: {why}" if why else f"{world} ranks: {what}")
-        seed = ranks[0]["seed"]
-        if seed is not None and seed != SEED:
-            raise CheckFailed(f"make_loader(dataset, batch_size, seed={SEED}) built its DistributedSampler with "
-                              f"seed={seed}: pass seed=seed, so that a run's --seed changes the shuffle (the same "
-                              f"on every rank)")
+        reads = {r: passes(out["events"], "train") for r, out in ranks.items()}
+        wrong = _mistake(ranks, reads, n, epochs)
+        if wrong:
+            break
         measured.append(_measured(reads, n, per_node))
-    _passed(f"{'; '.join(measured)}: disjoint shards, a new order each epoch")
+    verdict(wrong, f"{'; '.join(measured)}: disjoint shards, a new order each epoch")
+
+
+def _mistake(ranks: dict[int, dict], reads: dict[int, list[list[int]]], n: int, epochs: int) -> str | None:
+    """What the ranks' loaders did wrong at this world size, read as :mod:`shards` reads a script's run; else None."""
+    world, events = len(ranks), {r: out["events"] for r, out in ranks.items()}
+    ends = {r: out["end"] for r, out in ranks.items() if out["end"]}
+    if ends:
+        r, end = min(ends.items())
+        why = judged.cause("raised", events, "train", world) if any(
+            e["kind"] == "sampler" for ev in events.values() for e in ev) else ""
+        who = "" if len(ends) == world else f"rank {r} of {world}: "  # every rank: the same mistake
+        return f"{who}{end}" + (f"; {why}" if why else "")
+    found = judged.read_mistake(reads, n, epochs, what="items")
+    if found is not None:
+        why = judged.cause(found[0], events, "train", world)
+        return f"{world} ranks: {found[1]}: {why}" if why else f"{world} ranks: {found[1]}"
+    seed = ranks[0]["seed"]
+    return None if seed in (None, SEED) else (
+        f"make_loader(dataset, batch_size, seed={SEED}) built its DistributedSampler with seed={seed}: pass seed=seed, "
+        f"so that a run's --seed changes the shuffle (the same on every rank)")
 
 
 def spread_prediction(predicted: float | None, result: dict, path: str | Path | None = None) -> None:

@@ -22,32 +22,35 @@ def parse(source: str) -> ast.Module | None:
         return None
 
 
-def _mentions(expr: ast.AST, names: set[str]) -> bool:
-    """Does ``expr`` read the rank anywhere in it?"""
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Name) and (n.id in names or "rank" in n.id.lower()):
-            return True
-        if isinstance(n, ast.Attribute) and "rank" in n.attr.lower():
-            return True
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith("RANK"):
-            return True
-    return False
+def _leaf(n: ast.AST, only_global: bool) -> bool:
+    """Is ``n`` itself the rank: any rank (a name or attribute with ``rank`` in it, a variable ``..RANK`` of the
+    environment), or ``only_global``, the global rank (``get_rank``, ``"RANK"``)?"""
+    name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+    if only_global:
+        return name == "get_rank" or (isinstance(n, ast.Constant) and n.value == "RANK")
+    return "rank" in (name or "").lower() or (isinstance(n, ast.Constant) and str(n.value).endswith("RANK"))
 
 
-def _is_rank(value: ast.AST, names: set[str]) -> bool:
+def mentions(expr: ast.AST, names: set[str], only_global: bool = False) -> bool:
+    """Does ``expr`` read the rank (a name of ``names`` too) anywhere in it?"""
+    return any((isinstance(n, ast.Name) and n.id in names) or _leaf(n, only_global) for n in ast.walk(expr))
+
+
+def _is_rank(value: ast.AST, names: set[str], only_global: bool) -> bool:
     """Is ``value`` the rank, a test of it, or a choice made by one (what makes the name it is assigned to the rank's)?"""
     if isinstance(value, ast.Compare | ast.BoolOp | ast.UnaryOp | ast.Name | ast.Attribute | ast.Subscript):
-        return _mentions(value, names)
+        return mentions(value, names, only_global)
     if isinstance(value, ast.IfExp):
-        return _mentions(value.test, names)
+        return mentions(value.test, names, only_global)
     if isinstance(value, ast.Call):
-        func = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
-        return "rank" in func.lower() or (func in _CASTS and any(_is_rank(a, names) for a in value.args))
+        return _leaf(value.func, only_global) or (getattr(value.func, "id", "") in _CASTS
+                                                  and any(_is_rank(a, names, only_global) for a in value.args))
     return False
 
 
-def rank_names(tree: ast.AST) -> set[str]:
-    """The names that hold the rank, a test of it, or a value chosen by one (to a fixpoint)."""
+def rank_names(tree: ast.AST, only_global: bool = False) -> set[str]:
+    """The names that hold the rank (``only_global``: the global rank), a test of it, or a value chosen by one (to a
+    fixpoint)."""
     names: set[str] = set()
     while True:
         before = len(names)
@@ -58,7 +61,7 @@ def rank_names(tree: ast.AST) -> set[str]:
             pairs = [(target, node.value)]
             if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
                 pairs = list(zip(target.elts, node.value.elts, strict=False))
-            names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_rank(v, names)}
+            names |= {t.id for t, v in pairs if isinstance(t, ast.Name) and _is_rank(v, names, only_global)}
         if len(names) == before:
             return names
 
@@ -69,7 +72,7 @@ def _conditions(tree: ast.AST) -> list[tuple[ast.AST, range, str]]:
     names = rank_names(tree)
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.If | ast.IfExp) or not _mentions(node.test, names):
+        if not isinstance(node, ast.If | ast.IfExp) or not mentions(node.test, names):
             continue
         test = ast.unparse(node.test)
         for part, holds in ((node.body, test), (node.orelse, f"not ({test})")):
@@ -91,6 +94,17 @@ def rank_condition(source: str, line: int | None) -> tuple[int, str] | None:
         return None
     inner, holds = max(around, key=lambda found: (found[0].lineno, found[0].col_offset))
     return inner.lineno, holds
+
+
+def under_rank(frames) -> tuple[int, int, str] | None:
+    """(the line, the ``if``'s line, its test): the innermost rank condition on the way to a call, from its frames,
+    innermost first, each (the source, its line); None where every rank runs them all. The one evidence that a call
+    runs on some ranks alone, for the script checker and the cell checks alike."""
+    for text, line in frames:
+        found = rank_condition(text, line)
+        if found:
+            return line, *found
+    return None
 
 
 def scope(tree: ast.Module, line: int) -> ast.AST:
@@ -200,7 +214,7 @@ def decided_by_received(source: str, line: int | None, call: str) -> tuple[str, 
     for node in sorted(ast.walk(scope(tree, line)), key=lambda n: getattr(n, "lineno", 0)):
         if isinstance(node, ast.If | ast.While | ast.IfExp) and node.lineno > line \
                 and any(isinstance(n, ast.Name) and n.id == given.id for n in ast.walk(node.test)) \
-                and not _mentions(node.test, rank_names(tree) - {given.id}) \
+                and not mentions(node.test, rank_names(tree) - {given.id}) \
                 and rank_condition(source, node.lineno) is None:  # (the value itself, None elsewhere, is no rank test)
             return given.id, node.lineno, ast.unparse(node.test)
     return None

@@ -17,12 +17,22 @@ class CheckFailed(AssertionError):
 
 
 def _passed(message: str) -> None:
-    print(f"\N{CHECK MARK} {message}")
+    verdict(None, message)
 
 
-def _missed(message: str) -> None:
-    """A prediction that was off: said with a cross, not raised (a guess is not a bug, and Run All goes on)."""
-    print(f"\N{BALLOT X} {message}")
+def verdict(mistake: str | None, measured: str, prediction: bool = False) -> None:
+    """The one end of every judge (each returns its mistake, ``str | None``): the ✓ line of what was ``measured`` where
+    there is none; else the ✗ line of the mistake, raised (CheckFailed), or for a ``prediction`` printed, not raised
+    (a guess is not a bug, and Run All goes on)."""
+    if mistake and not prediction:
+        raise CheckFailed(mistake)
+    print(f"\N{BALLOT X} {mistake}" if mistake else f"\N{CHECK MARK} {measured}")
+
+
+def first(*checks: tuple[object, str]) -> str | None:
+    """The mistake of the first (broken, its line) pair whose ``broken`` holds: a check's judge as a table, in order;
+    None where none does."""
+    return next((said for broken, said in checks if broken), None)
 
 
 def still_todo(name: str) -> str:
@@ -72,7 +82,7 @@ def judge_prediction(name: str, predicted, measured, right: bool | None, why: st
     if right is None:
         print(f"\N{WARNING SIGN} {line}")
     else:
-        (_passed if right and not _empty(predicted) else _missed)(line)
+        verdict(None if right and not _empty(predicted) else line, line, prediction=True)
 
 
 def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str | None:
@@ -165,19 +175,13 @@ def rank_alone(record) -> str | None:
     if block is None:
         return None
     for rank in (block["rank"], *block["waiting_for"]):
-        frames = block["answers"].get(str(rank), {}).get("frames") or []
-        if not frames:
-            continue
-        file, line, _, code = frames[-1]
-        condition = branches.rank_condition(_text(file), line)
-        try:
-            call = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call))
-            name = ast.unparse(call.func).split(".")[-1]
-        except (SyntaxError, StopIteration):
-            name = "the call"
-        if condition is not None:
-            return (f"{name} (line {line}) is called by rank {rank} alone, under `if {condition[1]}:` (line "
-                    f"{condition[0]}): call it on every rank (it is a collective), or move it out of the block")
+        file, line, _, code = (block["answers"].get(str(rank), {}).get("frames") or [[None] * 4])[-1]
+        found = file and branches.under_rank([(_text(file), line)])
+        if found:
+            call = next((n for n in ast.walk(branches.parse(code) or ast.Module([], [])) if isinstance(n, ast.Call)), None)
+            name = ast.unparse(call.func).split(".")[-1] if call else "the call"
+            return (f"{name} (line {line}) is called by rank {rank} alone, under `if {found[2]}:` (line {found[1]}): "
+                    f"call it on every rank (it is a collective), or move it out of the block")
     return None
 
 

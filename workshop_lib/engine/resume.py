@@ -2,24 +2,26 @@
 
 After ``--epochs 2`` into OUT, ``--epochs 3`` into a copy of OUT must load the snapshot safely, train epoch 3 alone
 and end with the figures of ``--epochs 3`` into a fresh folder. Only ``map_location`` is read from the call alone:
-on CPU it changes nothing.
+on CPU it changes nothing. Each judge here is a row of :data:`~workshop_lib.engine.rules.RULES` (step 4's); the
+later runs are the case's (:meth:`~workshop_lib.engine.rules.Case.run_again`), each run once, only when the rows
+before hold.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from workshop_lib import checkpoint
-from workshop_lib.engine import rules
 from workshop_lib.engine.recorder import _at, _of, passes
-from workshop_lib.engine.runner import Run
 from workshop_lib.errors import first_line
 from workshop_lib.paths import lab_root
+
+if TYPE_CHECKING:
+    from workshop_lib.engine.rules import Case
 
 EPOCHS = 3  # the resumed run's --epochs (the first run has the checker's 2)
 FIGURES = ("train_loss", "dev_roc_auc", "replica_spread")  # what must match; seconds and speeds may not
@@ -28,9 +30,11 @@ PASSED = f"a second run (--epochs {EPOCHS} into the same --out) resumed at epoch
 SNAPSHOT = checkpoint.SNAPSHOT
 
 
-def snapshot_mistake(out: Path, epochs: int) -> str | None:
-    """After a run of ``epochs`` epochs, OUT/snapshot.pt must load safely and hold the last one."""
-    path = Path(out) / SNAPSHOT
+def snapshot(case: Case) -> str | None:
+    """After the first run, OUT/snapshot.pt loads safely and holds its last epoch."""
+    if case.out is None:
+        return None  # no folder of the run: nothing measured
+    path, epochs = case.out / SNAPSHOT, case.epochs
     if not path.is_file():
         return f"no {SNAPSHOT} in --out after the run: at the end of every epoch, global rank 0 writes it there"
     try:
@@ -48,29 +52,30 @@ def snapshot_mistake(out: Path, epochs: int) -> str | None:
     return None
 
 
-def writing_mistake(case: rules.Case, out: Path) -> str | None:
+def writing(case: Case) -> str | None:
     """From what rank 0's torch.save wrote: the snapshot written in place, or a temporary file left in --out."""
+    out = case.out
     saves = [s for s in _of(case.ranks.get(0, []), "save") if s.get("path") and Path(s["path"]).name != "model.pt"]
     in_place = next((s for s in saves if Path(s["path"]).name == SNAPSHOT), None)
     if in_place is not None:
         return (f"rank 0 wrote {SNAPSHOT} with torch.save straight into place{_at(in_place)}: a kill during the write "
                 f"leaves half a file, which the next run cannot load; write a temporary file in the same folder, then "
                 f"os.replace it onto {SNAPSHOT}")
-    elsewhere = next((s for s in saves if (lab_root() / s["path"]).resolve().parent != Path(out).resolve()), None)
+    elsewhere = next((s for s in saves if out and (lab_root() / s["path"]).resolve().parent != out.resolve()), None)
     if elsewhere is not None:  # a path the run gave relative to its folder, the clone (runner.py)
         return (f"rank 0 wrote the temporary file {elsewhere['path']} outside --out{_at(elsewhere)}: os.replace is "
                 f"atomic only within one file system (from another it fails, 'Invalid cross-device link'); write it "
                 f"in the same folder as {SNAPSHOT}")
-    left = sorted({Path(s["path"]).name for s in saves} & {p.name for p in Path(out).iterdir()})
+    left = sorted({Path(s["path"]).name for s in saves} & {p.name for p in (out.iterdir() if out else ())})
     if left:
         return (f"the temporary file {left[0]} is still in --out after the run: move it onto {SNAPSHOT} with "
                 f"os.replace, one atomic rename (a copy writes the file again, and a kill during it leaves half a file)")
     return None
 
 
-def loading_mistake(resumed: Run) -> str | None:
+def loading(case: Case) -> str | None:
     """From the resumed run's torch.load calls of the snapshot: weights_only=True, and a map_location."""
-    for rank, events in sorted(resumed.ranks.items()):
+    for rank, events in sorted(case.later["resumed"].ranks.items() if "resumed" in case.later else ()):
         for load in _of(events, "load"):
             if not load.get("path") or Path(load["path"]).name != SNAPSHOT:
                 continue
@@ -88,25 +93,13 @@ def loading_mistake(resumed: Run) -> str | None:
     return None
 
 
-def _trained(run: Run) -> list[int]:
-    """The epochs rank 0 trained, by the sampler's set_epoch (else by its passes over the training data)."""
-    events = run.ranks.get(0, [])
-    set_to = [e["epoch"] for e in _of(events, "set_epoch", split="train")]
-    return set_to if set_to else list(range(len(passes(events, "train"))))
-
-
-def _differ(resumed: list[dict], whole: list[dict]) -> str | None:
-    for e, (a, b) in enumerate(zip(resumed, whole, strict=False)):
-        for key in FIGURES:
-            x, y = a.get(key), b.get(key)
-            if isinstance(x, float) and isinstance(y, float) and not math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9):
-                return f"epoch {e + 1}'s {key.replace('_', ' ')} is {x:.6g}, where the uninterrupted run has {y:.6g}"
-    return None
-
-
-def _epochs_mistake(resumed: Run, first: int) -> str | None:
-    trained = _trained(resumed)
-    if trained == list(range(first, EPOCHS)):
+def epochs_trained(case: Case) -> str | None:
+    """The resumed run trained the epochs after the snapshot's alone (by the sampler's set_epoch, else by its passes
+    over the training data)."""
+    resumed = case.later.get("resumed")
+    events = resumed.ranks.get(0, []) if resumed else []
+    trained = [e["epoch"] for e in _of(events, "set_epoch", split="train")] or list(range(len(passes(events, "train"))))
+    if resumed is None or trained == list(range(case.epochs, EPOCHS)):
         return None
     shown = ", ".join(str(e + 1) for e in trained) or "none"
     what = f"the second run (--epochs {EPOCHS} into the same --out) trained epoch(s) {shown}, not epoch {EPOCHS} alone"
@@ -115,32 +108,19 @@ def _epochs_mistake(resumed: Run, first: int) -> str | None:
     return f"{what}: after loading the snapshot, start the loop at the epoch after the snapshot's"
 
 
-def mistake(case: rules.Case, work: Path, rerun: Callable[[str], Run]) -> str | None:
-    """The first thing wrong with the snapshot or the resume, as one line; None when it continues exactly.
-
-    ``rerun(name)`` runs the script for 3 epochs into WORK/name: ``resumed`` (a copy of the first run's OUT), then
-    ``whole``; each only when what came before holds.
-    """
-    found = snapshot_mistake(work / "out", case.epochs) or writing_mistake(case, work / "out")
-    if found:
-        return found
-    shutil.copytree(work / "out", work / "resumed", dirs_exist_ok=True)
-    runs = {}
-    for name, what in (("resumed", f"the resumed run (--epochs {EPOCHS} into the same --out)"),
-                       ("whole", f"an uninterrupted {EPOCHS}-epoch run")):
-        runs[name] = rerun(name)
-        message = rules.first_mistake(rules.Case(runs[name], 4, EPOCHS, case.source, case.name, rerun=True))
-        if message:
-            return f"{what}: {message}"
-    found = loading_mistake(runs["resumed"]) or _epochs_mistake(runs["resumed"], case.epochs)
-    if found:
-        return found
-    got, want = ((rules.read_metrics(work / run) or {}).get("history", []) for run in ("resumed", "whole"))
+def figures(case: Case) -> str | None:
+    """The resumed run's metrics.json: the uninterrupted run's epochs, and their figures (:data:`FIGURES`)."""
+    if not {"resumed", "whole"} <= set(case.later):
+        return None
+    got, want = ((case.later[run].metrics or {}).get("history", []) for run in ("resumed", "whole"))
     if len(got) != len(want):
         return (f"after resuming, metrics.json holds {len(got)} epochs, the uninterrupted run's {len(want)}: keep the "
                 f"given checkpoint.restore_history line, which puts the history back")
-    differ = _differ(got, want)
-    if differ:
-        return (f"after resuming, {differ}: load the model's and the optimizer's state from the snapshot, and keep "
-                f"the reseed at the start of every epoch (checkpoint.seed_epoch)")
+    for e, (a, b) in enumerate(zip(got, want, strict=False)):
+        for key in FIGURES:
+            x, y = a.get(key), b.get(key)
+            if isinstance(x, float) and isinstance(y, float) and not math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9):
+                return (f"after resuming, epoch {e + 1}'s {key.replace('_', ' ')} is {x:.6g}, where the uninterrupted "
+                        f"run has {y:.6g}: load the model's and the optimizer's state from the snapshot, and keep the "
+                        f"reseed at the start of every epoch (checkpoint.seed_epoch)")
     return None

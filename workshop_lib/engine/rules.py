@@ -2,22 +2,25 @@
 
 A judge measures its invariant on the record and, where it breaks, names the line, the cause (read from the
 record and from the script's text) and the fix in one line. :func:`first_mistake` asks them in the table's order:
-how the run went comes first (the script ran, the group formed, the sums hold, the collectives agree, nobody
-crashed), so that no later rule, and no ✓, is read from a run that did not end well. :func:`passed` builds the ✓
-line from the same measurements, so it states only what was measured.
+how the run went comes first (the group formed, the sums hold, the script ran, the collectives agree, nobody
+crashed), so that no later rule, and no ✓, is read from a run that did not end well; the rules that judge other
+runs of the script (its data at 1 and 3 ranks, step 4's resume) come last and start those runs only then. Each
+rule's scope says which runs and steps it judges; each says what its ✓ claims, so :func:`passed` builds the ✓ line
+from the rules that were measured, and states only what was measured.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from workshop_lib import metrics as core_metrics
 from workshop_lib.debug.collectives import first_difference
-from workshop_lib.engine import branches, shards, source, torch_errors
+from workshop_lib.engine import branches, resume, shards, source, torch_errors
 from workshop_lib.engine.recorder import _and, _at, _of, call_name, end, how, passes, split_sizes, spreads, steps, waiting_in
 from workshop_lib.engine.runner import Run
 
@@ -30,7 +33,8 @@ class Case:
     """One run to judge: the records, the workshop step (None: a script that is not one, judged by the rules for any
     DDP script), the script's text, rank 0's metrics.json if it wrote one, and ``rerun``: only how the run went is
     judged (step 4's resumed and uninterrupted runs); ``reads``: a probe of the data alone (:mod:`runner`'s ``reads``),
-    judged by the data rules."""
+    judged by the data rules. ``again(name, **item)`` runs the script once more into a folder ``name`` beside ``out``
+    (the run's --out), for the rules that judge other runs (the data at other world sizes, step 4's resume)."""
 
     run: Run
     step: int | None
@@ -40,6 +44,20 @@ class Case:
     metrics: dict | None = None
     rerun: bool = False
     reads: bool = False  # a probe of the data alone at another world size: only the data rules are judged
+    again: Callable[..., Run] | None = None
+    out: Path | None = None
+    later: dict[str, Case] = field(default_factory=dict, repr=False)  # the other runs, each run once
+
+    def run_again(self, name: str, epochs: int, copy: bool = False) -> Case:
+        """The script run again for ``epochs`` epochs into ``name`` beside --out (``copy``: into a copy of --out),
+        once, judged as a rerun."""
+        if name not in self.later:
+            out = self.out.parent / name
+            if copy:
+                shutil.copytree(self.out, out, dirs_exist_ok=True)
+            self.later[name] = replace(self, run=self.again(name, epochs=epochs), epochs=epochs, rerun=True, out=out,
+                                       metrics=read_metrics(out), later={})
+        return self.later[name]
 
     @property
     def ranks(self) -> dict[int, list[dict]]:
@@ -52,9 +70,6 @@ class Case:
     @property
     def items(self) -> str:
         return "training molecules" if self.step is not None else "training items"
-
-    def ended_well(self) -> bool:
-        return all(how(events) == "ok" for events in self.ranks.values())
 
 
 def read_metrics(out: Path) -> dict | None:
@@ -153,21 +168,20 @@ def _reduced_twice(case: Case) -> tuple[dict, dict] | None:
     return None
 
 
-def _logged_line(case: Case, epoch: int) -> int | None:
+def _logged_at(case: Case, epoch: int) -> tuple[int | None, str]:
+    """(the line that logged ``epoch``, ' (logged at line N, its code)')."""
     logged = _of(case.ranks[0], "logged")
-    return logged[epoch]["line"] if epoch < len(logged) else None
+    line = logged[epoch]["line"] if epoch < len(logged) else None
+    return line, f" (logged at line {line}, {case.code(line)})" if line else ""
 
 
-def _logged_at(case: Case, epoch: int) -> str:
-    line = _logged_line(case, epoch)
-    return f" (logged at line {line}, {case.code(line)})" if line else ""
-
-
-def _logged_mistake(case: Case) -> str | None:
-    """The loss and the molecules rank 0 logged each epoch: the mean and the sum over every rank's batches; where
-    they differ, the line that made the difference (an all_reduce done twice, a scale by the world size, an op)."""
+def logged(case: Case) -> str | None:
+    """What rank 0 logs (the loss, the molecules, every throughput figure) is the sum, or the mean where the name says
+    so, over every rank's batches, in a run that ended well; where they differ, the line that made the difference (an
+    all_reduce done twice, a scale by the world size, an op)."""
     world = len(case.ranks)
-    for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs]):
+    ended_well = all(how(events) == "ok" for events in case.ranks.values())
+    for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs] if ended_well else ()):
         held = _held(case, e)
         count = sum(n for _, n in held.values())
         if not count:
@@ -175,9 +189,10 @@ def _logged_mistake(case: Case) -> str | None:
         truth, own, logged = sum(s for s, _ in held.values()) / count, held[0][0] / max(held[0][1], 1), row["train_loss"]
         molecules = core_metrics.logged_samples(row) if row.get("seconds") else count
         twice = _reduced_twice(case)
-        scale = source.world_scale(case.source, _logged_line(case, e))
+        line, shown = _logged_at(case, e)
+        scale = source.world_scale(case.source, line)
         if not _close(logged, truth):
-            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}{_logged_at(case, e)}; the mean over the {count} "
+            what = (f"the logged loss of epoch {e + 1} is {logged:.4f}{shown}; the mean over the {count} "
                     f"molecules every rank trained on is {truth:.4f}")
             ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
                    if c.get("op") not in (None, "SUM", "AVG")
@@ -188,8 +203,8 @@ def _logged_mistake(case: Case) -> str | None:
                 return f"{what}, and {logged:.4f} is rank 0's molecules alone: all_reduce the [loss sum, molecules] totals"
             if scale and (_close(logged * world, truth) or _close(logged, truth * world)):
                 at, text = scale
-                how = "divides" if _close(logged * world, truth) else "multiplies"
-                return (f"{what}: line {at} ({text}) {how} by the world size ({world}) a loss that the totals summed "
+                verb = "divides" if _close(logged * world, truth) else "multiplies"
+                return (f"{what}: line {at} ({text}) {verb} by the world size ({world}) a loss that the totals summed "
                         f"over every rank already made the mean; divide the summed loss by the summed molecules, and "
                         f"by nothing else")
             return what
@@ -206,7 +221,7 @@ def _logged_mistake(case: Case) -> str | None:
                         f"log the summed count as it is")
             found = _totals_call(case, held, molecules)
             if found is None:
-                return (f"{said}{_logged_at(case, e)}: count every rank's molecules, all_reduce the [loss sum, "
+                return (f"{said}{shown}: count every rank's molecules, all_reduce the [loss sum, "
                         f"molecules] totals (ReduceOp.SUM)")
             call, values = found
             how_much = "halved" if 2 * molecules == count else f"{molecules} of {count}"
@@ -236,12 +251,6 @@ def summed(case: Case) -> str | None:
     return None
 
 
-def logged(case: Case) -> str | None:
-    """What rank 0 logs (the loss, the molecules, every throughput figure) is the sum, or the mean where the name says
-    so, over every rank's batches."""
-    return _logged_mistake(case) if case.metrics and case.ended_well() else None
-
-
 def _calls(events: list[dict]) -> list[dict]:
     """This rank's collectives in the order it entered them; once it wrapped a model in DDP, its backward() calls
     too (each all-reduces the gradients)."""
@@ -259,30 +268,12 @@ def _line_of(case: Case, event: dict) -> str:
     return f"line {event.get('line')}" + (f" (in {name}, called at line {via[-1]})" if len(via) > 1 and name else "")
 
 
-def _said(case: Case, call: dict) -> str:
-    return f"{call_name(call)} at {_line_of(case, call)}"
-
-
-def _under_rank(case: Case, call: dict) -> tuple[int, int, str] | None:
-    """(the line, the if's line, its test): the innermost rank condition on the way to ``call``."""
-    for line in [call.get("line"), *reversed(call.get("via") or [])]:
-        found = branches.rank_condition(case.source, line)
-        if found:
-            return line, *found
-    return None
-
-
-def _shorten(text: str, case: Case) -> str:
-    """The hang watch's line with the script's path as its name."""
-    return re.sub(r"\S*/" + re.escape(case.name), case.name, text)
-
-
 def _waited(case: Case, ranks: list[int]) -> str:
     """What ``ranks`` waited in, and how that ended: the hang watch's line where it saw it."""
     watched = next((b["line"] for b in case.run.hang if b.get("missing")), None) or \
         next((b["line"] for b in case.run.hang), None)
     if watched:
-        return _shorten(watched, case)
+        return re.sub(r"\S*/" + re.escape(case.name), case.name, watched)  # the script's path as its name
     said = []
     for rank in ranks:
         events = case.ranks[rank]
@@ -335,13 +326,13 @@ def same_collectives(case: Case) -> str | None:
     at = {r: cs[i] for r, cs in calls.items() if i < len(cs)}
     without = [r for r in calls if r not in at]
     ended = {"ok": " (it finished)", "error": " (it raised)"}
-    each = ", ".join(f"rank {r} called {_said(case, at[r])}" if r in at else
+    each = ", ".join(f"rank {r} called {call_name(at[r])} at {_line_of(case, at[r])}" if r in at else
                      f"rank {r} called nothing more{ended.get(how(case.ranks[r]), ' (it was elsewhere in its script)')}"
                      for r in calls)
     if any(how(case.ranks[r]) == "error" for r in without):
         return None  # the rank that crashed called no more: the crash is the cause
     for call in at.values():
-        found = _under_rank(case, call)
+        found = branches.under_rank((case.source, line) for line in [call.get("line"), *reversed(call.get("via") or [])])
         if found:
             alone = [q for q, c in at.items() if (c.get("name"), c["line"]) == (call.get("name"), call["line"])]
             line, if_line, test = found
@@ -380,11 +371,6 @@ def _file_race(case: Case, rank: int, e: dict) -> str | None:
     return None
 
 
-def _unset_on_rank(case: Case, rank: int, e: dict) -> str | None:
-    """A value the failing line reads that a rank condition sets, and this rank skipped: the setup of the crash."""
-    return branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank)
-
-
 def _kept_the_wrapper(case: Case, e: dict) -> str | None:
     """The line that handed the wrapper to best.update, when a load of the best weights met module. keys."""
     if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("at")):
@@ -396,13 +382,15 @@ def _kept_the_wrapper(case: Case, e: dict) -> str | None:
                      f"as it is")
 
 
-def _set_up(case: Case, rank: int, kind: str | None) -> str:
-    """Where the call that set the crash up was made: the DataLoader the last pass drew from."""
-    if kind == "loader":
-        last = next((p for p in reversed(_of(case.ranks[rank], "pass")) if p.get("loader")), None)
-        if last is not None and not last.get("collate_fn"):
-            return f"line {last['loader']} ({case.code(last['loader'])}) built the loader it read; "
-    return ""
+def set_up(events: list[dict], message: str, code: Callable[[int], str] | None = None) -> str:
+    """Where the learner's call that set torch's ``message`` up was made, when that is not the line that raised
+    (:data:`torch_errors.SET_UP`): the DataLoader the last pass drew from, built without a collate_fn; else ''. For a
+    script's run and a cell's function alike (``code``: a line's text, where the source is known)."""
+    last = next((p for p in reversed(_of(events, "pass")) if p.get("loader")), None)
+    if torch_errors.set_up_by(message) != "loader" or last is None or last.get("collate_fn"):
+        return ""
+    shown = f" ({code(last['loader'])})" if code else ""
+    return f"line {last['loader']}{shown} built the loader it read; "
 
 
 def crashed(case: Case) -> str | None:
@@ -416,9 +404,10 @@ def crashed(case: Case) -> str | None:
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"
-        why = _unset_on_rank(case, rank, e) or torch_errors.explain(e.get("detail") or e["message"]) or (
+        why = branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank) or torch_errors.explain(
+            e.get("detail") or e["message"]) or (
             shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("at")) else None)
-        setup = _set_up(case, rank, torch_errors.set_up_by(e.get("detail") or e["message"]))
+        setup = set_up(events, e.get("detail") or e["message"], case.code)
         return f"{said.rstrip('.')}; {setup}{why}" if why else said
     return None
 
@@ -437,16 +426,25 @@ def same_split(case: Case) -> str | None:
     return None
 
 
-def sharded(case: Case) -> str | None:
-    """The shards: every epoch read by every rank; from step 2 disjoint, covering and reshuffled each epoch."""
+def _read(case: Case, kinds: tuple[str, ...] | None = None) -> str | None:
     n = split_sizes(case.ranks[0]).get("train")
     found = shards.read_mistake({r: passes(ev, "train") for r, ev in case.ranks.items()}, n, case.epochs,
                                 case.items) if n else None
-    if found is None or (case.step == 1 and found[0] != "epochs"):
+    if found is None or (kinds and found[0] not in kinds):
         return None
     kind, measured = found
     why = shards.cause(kind, case.ranks, "train", len(case.ranks)) if kind != "epochs" else "train every epoch"
     return f"{measured}: {why}" if why else measured
+
+
+def every_epoch(case: Case) -> str | None:
+    """Every rank reads the training data in every epoch."""
+    return _read(case, ("epochs",))
+
+
+def sharded(case: Case) -> str | None:
+    """The shards: every epoch read by every rank, disjoint, covering and reshuffled each epoch."""
+    return _read(case)
 
 
 def same_start(case: Case) -> str | None:
@@ -596,7 +594,38 @@ def device_ids(case: Case) -> str | None:
             f"pass [device.index], this process's own GPU")
 
 
+def other_worlds(case: Case) -> str | None:
+    """The data rules at each of :data:`WORLDS`, on probes of the data alone (each training pass read from the
+    sampler at once, no step taken: a second or so each). A probe runs with the same arguments, so it writes where
+    the script writes (a workshop step: an --out of its own); one that reads fewer passes on every rank (a script
+    that resumed from the first run's snapshot) is judged on those."""
+    reads = min(case.epochs, 2)
+    for world in WORLDS if _probed(case) else ():
+        run = case.again(f"world{world}", world=world, reads=reads)
+        read = min(reads, max((len(passes(ev, "train")) for ev in run.ranks.values()), default=0))  # fewer: resumed
+        message = first_mistake(replace(case, run=run, epochs=read, metrics=None, reads=True, again=None, later={}))
+        if message:
+            return f"at {world} rank{'s' if world > 1 else ''} (the data is judged at 1 and 3 ranks too): {message}"
+    return None
+
+
+def _probed(case: Case) -> bool:
+    return case.again is not None and bool(passes(case.ranks[0], "train"))
+
+
+def reran(case: Case) -> str | None:
+    """Step 4's second run (--epochs 3 into a copy of --out) and an uninterrupted one each run well."""
+    for name, what, copy in (("resumed", f"the resumed run (--epochs {resume.EPOCHS} into the same --out)", True),
+                             ("whole", f"an uninterrupted {resume.EPOCHS}-epoch run", False)):
+        message = first_mistake(case.run_again(name, resume.EPOCHS, copy)) if case.again else None
+        if message:
+            return f"{what}: {message}"
+    return None
+
+
 RUN, ANY = "run", "any"  # a rule's scope: every run, resumed ones too; any DDP script and every workshop step
+WORLDS = (3, 1)  # the world sizes the data rules are judged at besides 2
+Claim = Callable[[Case], str | None]
 
 
 @dataclass(frozen=True)
@@ -605,31 +634,98 @@ class Rule:
     judge: Callable[[Case], str | None]
     scope: str | tuple[int | None, ...] = RUN  # RUN, ANY, or the steps whose finished runs it judges (None: any script)
     data: bool = False  # judged on a probe of the data alone, at another world size
+    says: tuple[tuple[tuple[int | None, ...], Claim], ...] = ()  # what its ✓ claims, at which steps ("and ..." joins)
 
     def applies(self, case: Case) -> bool:
         if case.reads and not self.data:
             return False
         return self.scope == RUN or (not case.rerun and (self.scope == ANY or case.step in self.scope))
 
+    def claim(self, case: Case) -> str | None:
+        return next((say(case) for steps, say in self.says if case.step in steps), None)
 
-ALL, DDP = (1, 2, 3, 4), (3, 4)
+
+def _what_each_read(case: Case) -> str:
+    n = split_sizes(case.ranks[0]).get("train", 0)
+    counts = {len(per_epoch[0]) for per_epoch in (passes(ev, "train") for ev in case.ranks.values()) if per_epoch}
+    if not counts:
+        return f"no {case.items} were read through a DataLoader"
+    if counts == {n}:
+        return f"each read all {n} {case.items}"
+    return (f"each read its own {min(counts, default=0)} of {n} {case.items}" +
+            (", a new order each epoch" if case.epochs > 1 else ""))
+
+
+def _drift(case: Case) -> str:
+    spread = spreads(case.run.params)
+    if max(spread, default=0.0) == 0:
+        return "the replicas stayed equal (spread 0.0 after every step)"
+    began = "started from the same weights, then " if all(_of(ev, "weights") for ev in case.ranks.values()) else ""
+    return f"the replicas {began}drifted apart (spread {spread[-1]:.3g} after the last step)"
+
+
+def _summed(case: Case) -> str | None:
+    world = len(case.ranks)
+    return f"and all-reduced {' + '.join(str(r + 1) for r in range(world))} = {world * (world + 1) // 2}" if any(
+        source.function_at(case.source, c.get("line")) == "check_all_reduce"
+        for c in _of(case.ranks[0], "collective", name="all_reduce")) else None
+
+
+def _any_replicas(case: Case) -> str:
+    spread = spreads(case.run.params)
+    return (f"the replicas started equal and stayed equal (spread {max(spread):.1g} after {len(spread)} step(s))"
+            if spread else "no optimizer step was recorded")
+
+
+def _wrote(case: Case) -> str:
+    saved = sorted({Path(s["path"]).name for s in _of(case.ranks[0], "save") if s.get("path")})
+    return f"rank 0 alone wrote {', '.join(saved)}" if saved else "no rank saved a file with torch.save"
+
+
+ALL, DDP, STEPS = (1, 2, 3, 4), (3, 4), (2, 3, 4)
 RULES = (
-    Rule("every rank runs the script it was given (no TODO left open, no exit on its arguments)", started, data=True),
-    Rule("every rank joins one group, as its own rank, with the backend of its device", joined, data=True),
-    Rule("check_all_reduce's all-reduce leaves every rank the sum of what the ranks held", summed, ALL),
-    Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, (2, 3, 4)),
-    Rule("the same collectives in the same order on every rank", same_collectives),
+    Rule("every rank joins one group, as its own rank, with the backend of its device", joined, data=True,
+         says=(((1,), lambda c: f"{len(c.ranks)} ranks joined one group"),)),
+    Rule("check_all_reduce's all-reduce leaves every rank the sum of what the ranks held", summed, ALL,
+         says=(((1,), _summed),)),
+    Rule("every rank runs the script it was given (no TODO left open, no exit on its arguments)", started, data=True,
+         says=(((1,), lambda c: f"{c.epochs} epochs: {_what_each_read(c)}"),
+               (STEPS, lambda c: f"{len(c.ranks)} ranks, {c.epochs} epochs: {_what_each_read(c)}"),
+               ((None,), lambda c: f"{len(c.ranks)} ranks, {c.epochs} epoch(s): {_what_each_read(c)}"))),
+    Rule("the same collectives in the same order on every rank", same_collectives,
+         says=(((None,), lambda c: f"the same {len(_calls(c.ranks[0]))} collectives on every rank (a backward() "
+                                   f"through DDP counted as one, its gradient all-reduce)"),)),
     Rule("every rank runs to the end", crashed, data=True),
     Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
-    Rule("the replicas start from the same weights", same_start, ANY),
-    Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, 3, 4)),
+    Rule("the replicas start from the same weights", same_start, ANY, says=(((2,), _drift),)),
+    Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, *DDP),
+         says=((DDP, lambda c: "spread after every step " + (f"at most {most:.1g}" if (
+             most := max(spreads(c.run.params), default=0.0)) else "0.0")), ((None,), _any_replicas))),
     Rule("every rank loads the same split", same_split, ALL, data=True),
-    Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, ANY, data=True),
-    Rule("rank 0 alone evaluates the whole dev set once an epoch, through the plain model", evaluated, ALL),
-    Rule("the files: written by global rank 0 alone, loaded after a collective", files, ANY),
-    Rule("the files: model.pt in plain keys and metrics.json", workshop_files, ALL),
-    Rule("every rank leaves the group, in a finally", left_the_group, ANY),
-    Rule("device_ids names this process's own GPU", device_ids, (None, 3, 4)),
+    Rule("every rank reads the training data every epoch", every_epoch, (1,), data=True),
+    Rule("the shards: disjoint, covering, reshuffled each epoch (set_epoch)", sharded, (None, *STEPS), data=True),
+    Rule("rank 0 alone evaluates the whole dev set once an epoch, through the plain model", evaluated, ALL,
+         says=((ALL, lambda c: f"rank 0 alone evaluated all {split_sizes(c.ranks[0]).get('dev', 0)} dev molecules "
+                               f"each epoch"),)),
+    Rule("the files: written by global rank 0 alone, loaded after a collective", files, ANY, says=(((None,), _wrote),)),
+    Rule("the files: model.pt in plain keys and metrics.json", workshop_files, ALL,
+         says=(((1,), lambda c: "and saved the model"), ((2,), lambda c: "and saved its replica"),
+               (DDP, lambda c: "and saved the plain model"))),
+    Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, STEPS,
+         says=((STEPS, lambda c: "the logged loss is the mean over all ranks"),)),
+    Rule("every rank leaves the group, in a finally", left_the_group, ANY,
+         says=(((1,), lambda c: "every rank left the group"), ((None,), lambda c: "every rank left the group in a "
+                                                                                  "finally"))),
+    Rule("device_ids names this process's own GPU", device_ids, (None, *DDP)),
+    Rule("the data rules hold at 1 and 3 ranks too", other_worlds, (None, *STEPS),
+         says=(((None, *STEPS), lambda c: "at 1 and 3 ranks the shards held too" if _probed(c) else None),)),
+    Rule("step 4's snapshot: in --out, loadable with weights_only=True, holding the last epoch", resume.snapshot, (4,)),
+    Rule("step 4's snapshot: written to a temporary file in --out, then renamed onto it", resume.writing, (4,)),
+    Rule("step 4's resumed run and an uninterrupted one each run well", reran, (4,)),
+    Rule("step 4's resumed run loads the snapshot with weights_only=True and a map_location", resume.loading, (4,)),
+    Rule("step 4's resumed run trains the epochs after the snapshot's alone", resume.epochs_trained, (4,)),
+    Rule("step 4's resumed run ends with the uninterrupted run's figures", resume.figures, (4,),
+         says=(((4,), lambda c: resume.PASSED if {"resumed", "whole"} <= set(c.later) else None),)),
 )
 
 
@@ -649,52 +745,6 @@ def judged(case: Case) -> tuple[list[str], list[str]]:
     return [r.holds for r in rules], [r.holds for r in RULES if r not in rules]
 
 
-def _what_each_read(case: Case) -> str:
-    n = split_sizes(case.ranks[0]).get("train", 0)
-    counts = {len(per_epoch[0]) for per_epoch in (passes(ev, "train") for ev in case.ranks.values()) if per_epoch}
-    if not counts:
-        return f"no {case.items} were read through a DataLoader"
-    if counts == {n}:
-        return f"each read all {n} {case.items}"
-    return (f"each read its own {min(counts, default=0)} of {n} {case.items}" +
-            (", a new order each epoch" if case.epochs > 1 else ""))
-
-
-def _passed_any(case: Case) -> str:
-    """The ✓ of a script that is not a workshop step: what was measured, and what was not judged."""
-    world, spread = len(case.ranks), spreads(case.run.params)
-    calls = {len(_calls(ev)) for ev in case.ranks.values()}
-    saved = sorted({Path(s["path"]).name for s in _of(case.ranks[0], "save") if s.get("path")})
-    said = [f"{world} ranks, {case.epochs} epoch(s): {_what_each_read(case)}",
-            f"the same {calls.pop()} collectives on every rank (a backward() through DDP counted as one, its gradient "
-            f"all-reduce)",
-            f"the replicas started equal and stayed equal (spread {max(spread, default=0.0):.1g} after "
-            f"{len(spread)} step(s))" if spread else "no optimizer step was recorded",
-            f"rank 0 alone wrote {', '.join(saved)}" if saved else "no rank saved a file with torch.save",
-            "every rank left the group in a finally"]
-    return "; ".join(said)
-
-
 def passed(case: Case) -> str:
-    """The ✓ line: what was measured, in the step's terms."""
-    if case.step is None:
-        return _passed_any(case)
-    d, world, spread = split_sizes(case.ranks[0]).get("dev", 0), len(case.ranks), spreads(case.run.params)
-    dev = f"rank 0 alone evaluated all {d} dev molecules each epoch"
-    reads = f"{world} ranks, {case.epochs} epochs: {_what_each_read(case)}"
-    if case.step == 1:
-        added = summed(case) is None and any(
-            source.function_at(case.source, c.get("line")) == "check_all_reduce"
-            for c in _of(case.ranks[0], "collective", name="all_reduce"))
-        joined = f"{world} ranks joined one group" + (f" and all-reduced {' + '.join(str(r + 1) for r in range(world))} "
-                                                      f"= {world * (world + 1) // 2}" if added else "")
-        return (f"{joined}; {case.epochs} epochs: {_what_each_read(case)}; {dev} and saved the model; every rank left "
-                f"the group")
-    most, loss = max(spread, default=0.0), "the logged loss is the mean over all ranks"
-    if case.step == 2:
-        began = "started from the same weights, then " if all(_of(ev, "weights") for ev in case.ranks.values()) else ""
-        replicas = (f"the replicas {began}drifted apart (spread {spread[-1]:.3g} after the last step)" if most > 0 else
-                    "the replicas stayed equal (spread 0.0 after every step)")
-        return f"{reads}; {replicas}; {dev} and saved its replica; {loss}"
-    equal = "0.0" if most == 0 else f"at most {most:.1g}"
-    return f"{reads}; spread after every step {equal}; {dev} and saved the plain model; {loss}"
+    """The ✓ line: what each rule that was judged claims at the case's step, in the table's order."""
+    return re.sub(r"; (?=and )", " ", "; ".join(filter(None, (r.claim(case) for r in RULES if r.applies(case)))))

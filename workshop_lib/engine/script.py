@@ -25,8 +25,8 @@ from pathlib import Path
 from workshop_lib.authoring import scripts
 from workshop_lib.debug import scriptfile
 from workshop_lib.debug.scriptfile import refused
-from workshop_lib.engine import resume, rules, runner
-from workshop_lib.engine.common import CheckFailed, _passed
+from workshop_lib.engine import rules, runner
+from workshop_lib.engine.common import verdict
 from workshop_lib.engine.made_up_rank import on_a_gpu_node
 from workshop_lib.engine.recorder import passes
 from workshop_lib.errors import WorkshopError
@@ -36,7 +36,6 @@ STEPS = {1: "step1_process_group", 2: "step2_sampler", 3: "step3_ddp", 4: "step4
 TODO_LINE = 'raise NotImplementedError("fill in the TODO above")'
 TICK, CROSS = "\N{CHECK MARK}", "\N{BALLOT X}"
 EPOCHS = 2
-WORLDS = (3, 1)  # the world sizes the data rules are judged at besides 2
 ARGS = ["--limit", "200", "--no-tensorboard", "--timeout", "15"]
 MINE = lab_root() / scripts.MINE  # the learner's versions (scripts.write_script), in the clone
 EXERCISES = lab_root() / "exercises"
@@ -77,46 +76,25 @@ def _item(path: Path, step: int | None, work: Path, name: str, argv: Sequence[st
                        **kw)
 
 
-def other_worlds(path: Path, step: int | None, work: Path, argv: Sequence[str], epochs: int, text: str) -> str | None:
-    """The data rules at each of :data:`WORLDS`, on probes of the data alone (each training pass read from the
-    sampler at once, no step taken: a second or so each); the first mistake, with the world size, or None. A probe
-    runs with the same arguments, so it writes where the script writes (a workshop step: an --out of its own); one
-    that reads fewer passes on every rank (a script that resumed from the first run's snapshot) is judged on those."""
-    reads = min(epochs, 2)
-    for world in WORLDS:
-        run = runner.run(_item(path, step, work, f"world{world}", argv, world=world, reads=reads))
-        read = min(reads, max((len(passes(ev, "train")) for ev in run.ranks.values()), default=0))  # fewer: resumed
-        message = rules.first_mistake(rules.Case(run, step, read, text, path.name, reads=True))
-        if message:
-            return f"at {world} rank{'s' if world > 1 else ''} (the data is judged at 1 and 3 ranks too): {message}"
-    return None
-
-
 def judge(path: Path, step: int | None, work: Path, argv: Sequence[str] = ()) -> tuple[str, str]:
-    """('done' | 'wrong', one line): the script's run judged, then its data at other world sizes; step 4 resumed only
-    when these hold. A script that is not a workshop step (``step`` None) runs with ``argv`` in this folder."""
+    """('done' | 'wrong', one line): the script's run judged by every rule of :data:`rules.RULES` that applies to it
+    (those that judge other runs start them: the data at other world sizes, step 4's resume), then a workshop step's
+    ``setup`` on a made-up GPU node. A script that is not a workshop step (``step`` None) runs with ``argv`` in this
+    folder."""
     work.mkdir(parents=True)
     run = runner.run(_item(path, step, work, "out", argv))
     if not any(run.ranks.values()):
         tail = [line for line in run.output.splitlines() if line.strip()][-1:] or ["no output"]
         return "wrong", f"{path.name}: the ranks did not start ({tail[0][:200]})"
     epochs = EPOCHS if step is not None else max((len(passes(ev, "train")) for ev in run.ranks.values()), default=0)
-    case = rules.Case(run, step, epochs, path.read_text(), path.name, rules.read_metrics(work / "out"))
-    message = rules.first_mistake(case)
-    probed = message is None and step != 1 and bool(passes(run.ranks[0], "train"))
-    if probed:
-        message = other_worlds(path, step, work, argv, epochs, case.source)
-    if message is None and step == 4:
-        message = resume.mistake(case, work, lambda name: runner.run(_item(path, step, work, name, (),
-                                                                           epochs=resume.EPOCHS)))
-    if message is None and step is not None:
-        message = on_a_gpu_node(path)
+    case = rules.Case(run, step, epochs, path.read_text(), path.name, rules.read_metrics(work / "out"),
+                      again=lambda name, **item: runner.run(_item(path, step, work, name, argv, **item)),
+                      out=work / "out")
+    message = rules.first_mistake(case) or (on_a_gpu_node(path) if step is not None else None)
     if message is not None:
         return "wrong", f"{path.name}: {message}"
-    line = rules.passed(case) + (f"; at {' and '.join(map(str, sorted(WORLDS)))} ranks the shards held too" if probed
-                                 else "") + (f"; {resume.PASSED}" if step == 4 else "")
-    unused = any(e.get("find_unused") for ev in run.ranks.values() for e in ev if e["kind"] == "ddp")
-    if unused:
+    line = rules.passed(case)
+    if any(e.get("find_unused") for ev in run.ranks.values() for e in ev if e["kind"] == "ddp"):
         line += ("; note: find_unused_parameters=True makes DDP search the graph after every forward, and this model "
                  "uses every parameter: leave it out")
     return "done", f"{path.name}: {line}"
@@ -126,27 +104,23 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
                   argv: Sequence[str] = ()) -> list[tuple[str, str]]:
     """('done' | 'wrong' | 'not started' | 'refused', one line) for each script; ``argv``: the arguments of a script
     that is not a workshop step."""
-    paths = [Path(p) for p in paths]
-    steps = list(steps or [None] * len(paths))
-    results: list[tuple[str, str] | None] = [None] * len(paths)
-    for i, path in enumerate(paths):
-        steps[i] = step_of(path, steps[i])
-        if why := refused(path):  # the watch's refusal, word for word: a syntax error is the learner's to fix
-            results[i] = ("wrong" if why[1] == scriptfile.SYNTAX else "refused", why[0])
-        elif steps[i] is not None and not_started(path, steps[i]):
-            results[i] = ("not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)")
     with tempfile.TemporaryDirectory(prefix="ddp-check-") as tmp:
-        for i in (i for i, r in enumerate(results) if r is None):
-            results[i] = judge(paths[i], steps[i], Path(tmp) / f"script{i}", argv)
-    return results  # type: ignore[return-value]
+        return [_status(Path(path), step_of(Path(path), step), Path(tmp) / f"script{i}", argv)
+                for i, (path, step) in enumerate(zip(paths, steps or [None] * len(paths), strict=True))]
+
+
+def _status(path: Path, step: int | None, work: Path, argv: Sequence[str]) -> tuple[str, str]:
+    if why := refused(path):  # the watch's refusal, word for word: a syntax error is the learner's to fix
+        return ("wrong" if why[1] == scriptfile.SYNTAX else "refused"), why[0]
+    if step is not None and not_started(path, step):
+        return "not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)"
+    return judge(path, step, work, argv)
 
 
 def check(path: str | Path, step: int | None = None) -> None:
     """For a notebook: check the step script the learner wrote (``scripts.write_script``); a ✓ line, or CheckFailed."""
     status, line = check_scripts([Path(path)], [step])[0]
-    if status != "done":
-        raise CheckFailed(scripts.in_cells(path, line))  # a line of a script written from cells: the cell's line
-    _passed(line)
+    verdict(scripts.in_cells(path, line) if status != "done" else None, line)  # a script's line from cells: the cell's
 
 
 def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str]:
@@ -164,7 +138,7 @@ def not_a_step(path: Path) -> str:
     """What the check of a script that is not a workshop step judges, and what it leaves to one (:func:`rules.judged`)."""
     judged, left = rules.judged(rules.Case(runner.Run({}), None))
     return (f"{path.name} is not a workshop step (no --step, its name is not stepN_*.py), judged by the rules for any "
-            f"DDP script: {'; '.join(judged)}. Left to a workshop step (--step N): {'; '.join(left)}; step 4's resume")
+            f"DDP script: {'; '.join(judged)}. Left to a workshop step (--step N): {'; '.join(left)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

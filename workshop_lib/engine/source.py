@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from workshop_lib.engine.branches import parse, scope
+from workshop_lib.engine.branches import mentions, parse, rank_names, scope
 
 
 def function_at(text: str, line: int | None) -> str | None:
@@ -30,36 +30,15 @@ def destroy_outside_finally(source: str) -> int | None:
     return None
 
 
-def _global_rank_names(tree: ast.Module) -> set[str]:
-    """Names assigned from dist.get_rank() or os.environ["RANK"] (the global rank)."""
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            targets = list(node.targets)
-            values = [node.value]
-            if isinstance(node.targets[0], ast.Tuple) and isinstance(node.value, ast.Tuple):
-                targets, values = node.targets[0].elts, node.value.elts
-            for t, v in zip(targets, values, strict=False):
-                text = ast.unparse(v)
-                if isinstance(t, ast.Name) and ("get_rank" in text or "'RANK'" in text or '"RANK"' in text):
-                    names.add(t.id)
-    return names
-
-
 def global_rank_device_ids(text: str) -> tuple[int, str] | None:
     """(line, expression) of a ``device_ids=`` that names the global rank (dist.get_rank(), RANK, or a name for it)."""
     tree = parse(text)
     if tree is None:
         return None
-    ranks = _global_rank_names(tree)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg == "device_ids":
-                    used = {n.id for n in ast.walk(kw.value) if isinstance(n, ast.Name)} & ranks
-                    if used or "get_rank" in ast.unparse(kw.value):
-                        return node.lineno, ast.unparse(kw.value)
-    return None
+    ranks = rank_names(tree, only_global=True)
+    return next(((node.lineno, ast.unparse(kw.value)) for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 for kw in node.keywords if kw.arg == "device_ids" and mentions(kw.value, ranks, only_global=True)),
+                None)
 
 
 def world_scale(text: str, line: int | None) -> tuple[int, str] | None:

@@ -178,8 +178,16 @@ def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
     (ran(wrapper=True), False, "it trains, but evaluate() still gets the DDP wrapper, whose forward may start a "
                                "collective on the one rank that evaluates: evaluate the model inside it"),
 ])
-def test_the_verdict_on_a_fix_names_what_is_wrong_in_one_line(run, ok, message):
-    assert hang_labs.verdict(run) == (ok, message)
+def test_the_verdict_on_a_fix_names_what_is_wrong_in_one_line(run, ok, message, monkeypatch, capsys):
+    assert hang_labs.fix_mistake(run) == (None if ok else message)
+    monkeypatch.setattr(hang_labs, "launch", lambda *a, **k: run)
+    if ok:
+        hang_labs.check_fix(run.name)
+        assert capsys.readouterr().out == f"\N{CHECK MARK} {message}\n"
+    else:
+        with pytest.raises(CheckFailed) as err:
+            hang_labs.check_fix(run.name)
+        assert str(err.value) == message
 
 
 def test_an_error_run_prints_each_ranks_traceback_and_error_whole(capsys, monkeypatch):

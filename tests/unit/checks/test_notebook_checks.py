@@ -125,12 +125,13 @@ def test_a_sampler_sized_for_a_fixed_number_of_ranks_is_named_at_another_world_s
 
 @pytest.mark.timeout(120)
 def test_a_loader_without_collate_fn_is_named_at_its_dataloader():
+    """torch raises in the loop that reads the loader; the line named is the DataLoader's, as in a script's check."""
     with pytest.raises(common.CheckFailed, match=re.escape(
-            f"the DataLoader (line {_line(loader_without_collate, 'DataLoader(')}) has no collate_fn, so torch's default "
-            f"collate stacks each batch's molecules as they are, and they differ in length (torch: stack expects each "
-            f"tensor to be equal size")) as err:
+            f"; line {_line(loader_without_collate, 'DataLoader(')} built the loader it read; the DataLoader has no "
+            f"collate_fn, so torch's default_collate stacks the items as they are, and they differ in length: give it "
+            f"collate_fn=")) as err:
         sampler.shards(loader_without_collate)
-    assert str(err.value).endswith("): pass collate_fn=collate, which pads each batch to its longest molecule")
+    assert str(err.value).startswith("make_loader raised RuntimeError"), err.value
     assert "\n" not in str(err.value)
 
 
@@ -334,6 +335,18 @@ def test_a_run_without_a_prediction_asks_for_one_first(value):
 
 def test_check_failed_renders_as_one_line():
     assert common.CheckFailed("pass rank=")._render_traceback_() == ["\N{BALLOT X} pass rank="]
+
+
+def test_one_verdict_protocol_a_tick_a_raised_cross_or_a_printed_one_for_a_prediction(capsys):
+    """Every judge returns its mistake; verdict makes it the one line: ✓ what was measured, else ✗ raised (a check)
+    or printed (a prediction, which never raises)."""
+    common.verdict(None, "2 ranks summed 3")
+    common.verdict("off by one", "unused", prediction=True)
+    assert capsys.readouterr().out == "\N{CHECK MARK} 2 ranks summed 3\n\N{BALLOT X} off by one\n"
+    with pytest.raises(common.CheckFailed, match=r"^pass rank=$"):
+        common.verdict("pass rank=", "unused")
+    assert common.first((False, "a"), (0, "b"), ([1], "c"), (True, "d")) == "c"
+    assert common.first((False, "a")) is None
 
 
 # ------------------------------------------------------------- 01: check_all_reduce (2 forked ranks)

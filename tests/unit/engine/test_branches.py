@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workshop_lib.engine import branches
+from workshop_lib.engine import branches, source
 
 SCRIPT = """\
 import os
@@ -160,3 +160,22 @@ def test_a_value_gathered_to_one_rank_and_tested_on_every_rank_is_found():
     assert branches.decided_by_received(GATHERED.replace("    if losses and", "    if rank == 0 and losses and"), 3,
                                         "gather") is None  # the test reads the rank: rank 0 alone decides
     assert branches.decided_by_received(GATHERED, 3, "all_gather") is None  # every rank receives it
+
+
+def test_one_rank_name_analysis_tells_the_global_rank_from_any_rank():
+    """source's device_ids rule reads the same names as the rank conditions, narrowed to the global rank."""
+    text = ("import os\nrank = dist.get_rank()\nlocal_rank = int(os.environ['LOCAL_RANK'])\nmain = rank == 0\n"
+            "world_rank = int(os.environ['RANK'])\n")
+    tree = branches.parse(text)
+    assert branches.rank_names(tree) == {"rank", "local_rank", "main", "world_rank"}
+    assert branches.rank_names(tree, only_global=True) == {"rank", "main", "world_rank"}
+    assert source.global_rank_device_ids(text + "m = DDP(m, device_ids=[local_rank])\n") is None
+    assert source.global_rank_device_ids(text + "m = DDP(m, device_ids=[world_rank])\n") == (6, "[world_rank]")
+    assert source.global_rank_device_ids("m = DDP(m, device_ids=[dist.get_rank()])\n") == (1, "[dist.get_rank()]")
+
+
+def test_under_rank_is_the_innermost_rank_condition_on_the_way_to_a_call():
+    """The one evidence of a call on some ranks alone: the script checker's collectives and a cell's hang alike."""
+    text = "def save():\n    dist.barrier()\n\nif rank == 0:\n    save()\n"
+    assert branches.under_rank([(text, 2), (text, 5)]) == (5, 4, "rank == 0")  # the call's line, then its caller's
+    assert branches.under_rank([(text, 2)]) is None

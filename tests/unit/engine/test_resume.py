@@ -2,9 +2,9 @@
 
 The 2-rank runs of the whole check are in test_script.py (the solution, another right way, the loop restarting at
 epoch 0, the snapshot lines out of rank 0's block); here the observers and the rules alone, on a few lines a learner
-might write, in milliseconds: each verdict of :func:`resume.snapshot_mistake`, :func:`resume.writing_mistake` and
-:func:`resume.loading_mistake` once. The runs would only repeat what these record: the same observers of torch.save
-and torch.load, the same rules, behind a 2-rank run (three for a resume).
+might write, in milliseconds: each verdict of :func:`resume.snapshot`, :func:`resume.writing` and
+:func:`resume.loading` (rows of the rule table) once. The runs would only repeat what these record: the same
+observers of torch.save and torch.load, the same rules, behind a 2-rank run (three for a resume).
 """
 
 from __future__ import annotations
@@ -21,8 +21,15 @@ from workshop_lib.engine.recorder import Recorder, recording
 from workshop_lib.engine.runner import Run
 
 
-def _case(rec: Recorder) -> rules.Case:
-    return rules.Case(Run({0: rec.events}), 4)
+def _case(rec: Recorder | None, out=None) -> rules.Case:
+    return rules.Case(Run({0: rec.events if rec else []}), 4, out=out)
+
+
+def _loaded(rec: Recorder) -> str | None:
+    """The verdict on a resumed run whose rank 0 made ``rec``'s calls."""
+    first = _case(None)
+    first.later["resumed"] = _case(rec)
+    return resume.loading(first)
 
 
 def test_a_temporary_file_copied_into_place_is_named(tmp_path):
@@ -31,7 +38,7 @@ def test_a_temporary_file_copied_into_place_is_named(tmp_path):
     with recording(rec):
         torch.save({"epoch": 0}, f"{path}.tmp")
         shutil.copyfile(f"{path}.tmp", path)  # a copy: snapshot.pt is written a second time, not renamed
-    line = resume.writing_mistake(_case(rec), tmp_path)
+    line = resume.writing(_case(rec, tmp_path))
     assert line.startswith("the temporary file snapshot.pt.tmp is still in --out after the run: move it onto "
                            "snapshot.pt with os.replace"), line
 
@@ -46,7 +53,7 @@ def test_a_snapshot_written_straight_into_place_is_named(tmp_path):
     with recording(rec):
         at = _here() + 1  # the next line
         torch.save({"epoch": 0}, tmp_path / resume.SNAPSHOT)
-    assert resume.writing_mistake(_case(rec), tmp_path) == (
+    assert resume.writing(_case(rec, tmp_path)) == (
         f"rank 0 wrote snapshot.pt with torch.save straight into place (line {at}): a kill during the write leaves "
         "half a file, which the next run cannot load; write a temporary file in the same folder, then os.replace it "
         "onto snapshot.pt")
@@ -60,7 +67,7 @@ def test_a_temporary_file_in_another_folder_is_named(tmp_path):
         at = _here() + 1
         torch.save({"epoch": 0}, elsewhere / "snapshot.tmp")
         os.replace(elsewhere / "snapshot.tmp", out / resume.SNAPSHOT)  # works here, one file system: not across two
-    assert resume.writing_mistake(_case(rec), out) == (
+    assert resume.writing(_case(rec, out)) == (
         f"rank 0 wrote the temporary file {elsewhere / 'snapshot.tmp'} outside --out (line {at}): os.replace is atomic "
         "only within one file system (from another it fails, 'Invalid cross-device link'); write it in the same "
         "folder as snapshot.pt")
@@ -75,7 +82,7 @@ def test_a_file_object_and_an_atomic_rename_pass(tmp_path, rename):
             torch.save({"epoch": 0}, f)
         rename(f"{path}.tmp", path)
     assert [e["path"] for e in rec.events if e["kind"] == "save"] == [f"{path}.tmp"]  # the file object's name
-    assert resume.writing_mistake(_case(rec), tmp_path) is None
+    assert resume.writing(_case(rec, tmp_path)) is None
 
 
 def test_weights_only_false_is_named_and_true_passes(tmp_path):
@@ -85,7 +92,7 @@ def test_weights_only_false_is_named_and_true_passes(tmp_path):
         rec = Recorder()
         with recording(rec):
             torch.load(path, map_location="cpu", weights_only=weights_only)
-        line = resume.loading_mistake(Run({0: rec.events}))
+        line = _loaded(rec)
         assert line == expected if expected is None else line.startswith(expected), line
 
 
@@ -103,15 +110,15 @@ def test_a_load_without_weights_only_or_map_location_is_named(tmp_path, argument
     with recording(rec):
         at = _here() + 1  # the next line
         torch.load(path, **arguments)
-    line = resume.loading_mistake(Run({0: rec.events}))
+    line = _loaded(rec)
     assert line.startswith(expected.format(at=at)), line
 
 
 def test_a_snapshot_missing_or_of_an_earlier_epoch_is_named(tmp_path):
     """After a run of 2 epochs: no snapshot.pt at all, then one that holds epoch 1 (saved once, or with epoch 0)."""
-    assert resume.snapshot_mistake(tmp_path, 2).startswith("no snapshot.pt in --out after the run")
+    assert resume.snapshot(_case(None, tmp_path)).startswith("no snapshot.pt in --out after the run")
     torch.save({"epoch": 0, "model": {}, "optimizer": {}}, tmp_path / resume.SNAPSHOT)
-    assert resume.snapshot_mistake(tmp_path, 2).startswith("the snapshot holds epoch 1 of 2: save at the end of every "
+    assert resume.snapshot(_case(None, tmp_path)).startswith("the snapshot holds epoch 1 of 2: save at the end of every "
                                                            "epoch")
     torch.save({"epoch": 1, "model": {}, "optimizer": {}}, tmp_path / resume.SNAPSHOT)
-    assert resume.snapshot_mistake(tmp_path, 2) is None
+    assert resume.snapshot(_case(None, tmp_path)) is None

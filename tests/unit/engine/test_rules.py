@@ -523,18 +523,37 @@ def test_device_ids_of_the_global_rank_are_read_from_the_script():
 # ----------------------------------------------------------------------------- step 4's resume, and the reading
 
 
+def resumed(got: Run | None = None, history: list | None = None, whole: list | None = None) -> Case:
+    """A first run of step 4 whose resumed run (``got``, its metrics ``history``) and uninterrupted one ran."""
+    first = case(step=4)
+    first.later = {"resumed": case(got, 4, {"history": history or []}), "whole": case(None, 4, {"history": whole or []})}
+    return first
+
+
 def test_a_resume_must_end_with_the_uninterrupted_runs_figures():
     whole = [{"train_loss": 0.7, "dev_roc_auc": 0.6, "replica_spread": 0.0, "seconds": 1.0} for _ in range(3)]
     later = copy.deepcopy(whole)
     later[2]["seconds"] = 2.0  # times may differ
-    assert resume._differ(later, whole) is None
+    assert resume.figures(resumed(history=later, whole=whole)) is None
     later[2]["train_loss"] = 0.71
-    assert resume._differ(later, whole) == "epoch 3's train loss is 0.71, where the uninterrupted run has 0.7"
+    assert resume.figures(resumed(history=later, whole=whole)) == (
+        "after resuming, epoch 3's train loss is 0.71, where the uninterrupted run has 0.7: load the model's and the "
+        "optimizer's state from the snapshot, and keep the reseed at the start of every epoch (checkpoint.seed_epoch)")
+    assert resume.figures(resumed(history=later[:2], whole=whole)).startswith(
+        "after resuming, metrics.json holds 2 epochs, the uninterrupted run's 3: keep the given "
+        "checkpoint.restore_history line")
+    assert resume.figures(case(step=4)) is None  # no later runs: nothing measured, nothing claimed
+    assert "resumed at epoch 3" not in rules.passed(case(step=4))
 
 
 def test_the_epochs_a_resumed_run_trained_come_from_set_epoch():
-    assert resume._trained(good_run()) == [0, 1]
-    assert resume._trained(changed({"kind": "set_epoch"}, drop=True)) == [0, 1]  # else from the passes
+    said = ("the second run (--epochs 3 into the same --out) trained epoch(s) 1, 2, not epoch 3 alone: no rank loaded "
+            "snapshot.pt (torch.load) when the run started")
+    assert resume.epochs_trained(resumed(good_run())) == said
+    assert resume.epochs_trained(resumed(changed({"kind": "set_epoch"}, drop=True))) == said  # else from the passes
+    third = changed({"kind": "set_epoch", "epoch": 1}, drop=True, run=changed({"kind": "set_epoch", "epoch": 0},
+                                                                                {"epoch": 2}))
+    assert resume.epochs_trained(resumed(third)) is None
 
 
 def test_waiting_in_is_the_call_a_rank_entered_and_never_left():
@@ -561,11 +580,13 @@ def test_a_script_that_is_not_a_workshop_step_is_judged_by_the_rules_for_any_ddp
     assert "the shards: disjoint, covering, reshuffled each epoch (set_epoch)" in judged
     assert "the replicas are equal after every step (DDP wraps the model)" in judged
     assert "every rank leaves the group, in a finally" in judged
-    assert left == ["check_all_reduce's all-reduce leaves every rank the sum of what the ranks held",
-                    "what rank 0 logs is the sum, or the mean, over every rank's batches",
-                    "every rank loads the same split",
-                    "rank 0 alone evaluates the whole dev set once an epoch, through the plain model",
-                    "the files: model.pt in plain keys and metrics.json"]
+    assert "the data rules hold at 1 and 3 ranks too" in judged
+    assert left[:6] == ["check_all_reduce's all-reduce leaves every rank the sum of what the ranks held",
+                        "every rank loads the same split", "every rank reads the training data every epoch",
+                        "rank 0 alone evaluates the whole dev set once an epoch, through the plain model",
+                        "the files: model.pt in plain keys and metrics.json",
+                        "what rank 0 logs is the sum, or the mean, over every rank's batches"]
+    assert all(holds.startswith("step 4's ") for holds in left[6:]) and len(left) == 12  # its resume, 6 rows
     no_eval = changed({"kind": "evaluate"}, drop=True)
     no_eval = changed({"kind": "pass", "split": "dev"}, drop=True, run=no_eval)
     no_eval = changed({"kind": "fetched", "split": "dev"}, drop=True, run=no_eval)
@@ -575,8 +596,9 @@ def test_a_script_that_is_not_a_workshop_step_is_judged_by_the_rules_for_any_ddp
     probe = case(step=None)
     probe.reads = True
     assert [r.holds for r in rules.RULES if r.applies(probe)] == [
+        "every rank joins one group, as its own rank, with the backend of its device",
         "every rank runs the script it was given (no TODO left open, no exit on its arguments)",
-        "every rank joins one group, as its own rank, with the backend of its device", "every rank runs to the end",
+        "every rank runs to the end",
         "the shards: disjoint, covering, reshuffled each epoch (set_epoch)"]
 
 

@@ -18,7 +18,6 @@ import os
 import runpy
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine.recorder import Recorder, recording
-from workshop_lib.errors import first_line
+from workshop_lib.launching import ends
 from workshop_lib.launching.ranks import Ranks
 from workshop_lib.launching.spawning import start_method
 from workshop_lib.paths import lab_root
@@ -39,7 +38,6 @@ WORLD = 2
 LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
 STALL = 15.0  # seconds without news from any rank
 LIMIT = 60.0  # seconds for one item
-HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
 
 @dataclass
@@ -53,6 +51,7 @@ class Item:
     cwd: Path | None = None
     world: int = WORLD
     reads: int = 0  # > 0: a probe of the data alone (:class:`~workshop_lib.engine.recorder.Recorder`'s ``reads``)
+    hang_after: float = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
     @property
     def hang(self) -> Path:
@@ -91,29 +90,16 @@ class _Tail:
         return [line for line in self.kept.splitlines() if line.strip()][-6:]
 
 
-def _ending(err: BaseException | None, script: str) -> dict:
-    """How the script ended: ``ok``, ``exit`` (a non-zero SystemExit) or ``error``, and the script's line it left."""
-    if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
-        return {"how": "ok"}
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
-    at = frames[-1].lineno if frames else None
-    if isinstance(err, SystemExit):
-        message = getattr(err, "message", None) or str(err.code)
-        return {"how": "exit", "code": err.code if isinstance(err.code, int) else 1, "message": message[:300], "at": at}
-    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": at,
-            "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
-
-
-def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int = 0) -> dict:
-    """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int, hang_after: float) -> dict:
+    """Run ``script`` as ``__main__`` with ``argv``, watched (``hang_after``) and recorded under ``prefix``; its end
+    record (:func:`~workshop_lib.launching.ends.record`)."""
     script = os.path.abspath(script)
     rec = Recorder(prefix, reads)
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
     sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
     tail = sys.stderr = _Tail(sys.stderr)
-    hangwatch.attach(threshold=float(os.environ.get(hangwatch.AFTER_VARIABLE, HANG_AFTER)), record=hang_record,
-                     poll=0.25)
+    hangwatch.attach(threshold=hang_after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
         with recording(rec):
@@ -126,7 +112,8 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
             sys.path.remove(os.path.dirname(script))
         hangwatch.detach()  # says this rank left; the next script gets a watch of its own
     still_joined = dist.is_available() and dist.is_initialized()
-    end = rec.add("end", line=False, left_group=not still_joined, said=tail.said(), **_ending(error, script))
+    end = ends.record(int(os.environ.get("RANK", 0)), error, within=script)
+    end = rec.add("end", line=end.pop("line", None), left_group=not still_joined, said=tail.said(), **end)
     rec.close()
     if still_joined:  # a script that never left
         with contextlib.suppress(Exception):
@@ -152,7 +139,8 @@ def run_item(item: dict, log: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.chdir(item["cwd"])
     torch.set_num_threads(1)
-    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"])
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"],
+               item["hang_after"])
     sys.stdout.flush()
 
 
@@ -259,7 +247,8 @@ def run(item: Item) -> Run:
     for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
-            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads}
+            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
+            "hang_after": item.hang_after}
     ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
     progress, started, stopped = _Progress(item), time.monotonic(), None
     try:

@@ -20,9 +20,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError, first_line
-from workshop_lib.launching import spawning
-from workshop_lib.launching.launch import LaunchError, exit_said, last_lines
+from workshop_lib.errors import WorkshopError
+from workshop_lib.launching import ends, spawning
+from workshop_lib.launching.launch import LaunchError
 from workshop_lib.launching.ranks import Ranks, lab_env
 
 
@@ -31,11 +31,11 @@ class LaunchTimeout(LaunchError):
 
 
 class RanksFailed(LaunchError):
-    """A rank raised or died: ``failures``, a line per failed rank; ``details``, torch's whole message of each raise."""
+    """A rank raised or died: ``ends``, the record of each rank that did (:mod:`~.ends`), the first to fail first."""
 
-    def __init__(self, message: str, failures: list[str], details: list[str]):
+    def __init__(self, message: str, ends: list[dict]):
         super().__init__(message)
-        self.failures, self.details = failures, details
+        self.ends = ends
 
 
 class HangError(LaunchError):
@@ -44,6 +44,11 @@ class HangError(LaunchError):
     def __init__(self, message: str, diagnosis: str, record: Path | None = None):
         super().__init__(message)
         self.diagnosis, self.record = diagnosis, record
+
+
+# Seconds a collective may wait in a check (whose ranks each take a second or two) before the hang watch names the
+# rank that never arrived, and the check stops there instead of at its timeout: the launcher's one default.
+HANG_AFTER = 8.0
 
 
 def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_after: float | None, log_dir: str, *args):
@@ -92,7 +97,7 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
         return result
     except BaseException as err:
         traceback.print_exc()  # into this rank's log: the error names the file
-        _record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
+        (Path(log_dir) / f"rank{launch.rank}.end").write_text(json.dumps(ends.record(launch.rank, err)))
         raise
     finally:
         hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
@@ -100,37 +105,17 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
         log.flush()
 
 
-def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
-    """In a failing rank: 'rank R raised X: message (File ..., line N, in f)' at the learner's innermost line."""
-    from workshop_lib.debug import frames
-
-    stack = traceback.extract_tb(err.__traceback__)
-    last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
-    where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
-    line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
-    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000],
-                                                                 "time": time.time()}))
-
-
-def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, str, str]]:
-    """Every rank that raised or died, the first to fail first: (when, its line, torch's whole message).
-
-    A rank that raised recorded its line and the time (:func:`_record_failure`); one that died without a Python error
-    (killed, aborted in C++, ``os._exit``) is named by its exit code and its log's last lines, at the time its log
-    was last written. A peer's "Connection reset by peer" so comes after the death that caused it."""
-    ended = {}
-    for path in log_dir.glob("rank*.error"):
-        record = json.loads(path.read_text())
-        ended[int(path.stem[4:])] = (record.get("time", path.stat().st_mtime), record["line"], record["detail"])
+def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[dict]:
+    """Every rank that raised or died, the first to fail first: its own record (:func:`ends.record`), else, for a rank
+    that died without one, :func:`ends.killed` at the time its log was last written (a peer's "Connection reset by
+    peer" so comes after the death that caused it)."""
+    found = {int(path.stem[4:]): json.loads(path.read_text()) for path in log_dir.glob("rank*.end")}
     for rank, code in failed.items():
-        if rank in ended:
-            continue
         log = log_dir / f"rank{rank}.log"
-        text = log.read_text(errors="replace") if log.is_file() else ""
-        said = last_lines(text)
-        ended[rank] = (log.stat().st_mtime if log.is_file() else time.time(),
-                       f"rank {rank} {exit_said(code)} without a Python error{said}", said.split(": ", 1)[-1])
-    return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
+        if rank not in found:
+            found[rank] = ends.killed(rank, code, log.read_text(errors="replace") if log.is_file() else "",
+                                      log.stat().st_mtime if log.is_file() else time.time())
+    return sorted(found.values(), key=lambda end: (end["time"], end["rank"]))
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str | None = "gloo",
@@ -166,8 +151,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
     if done.failed:
         ended = _ended(Path(log_dir), done.failed)
-        lines, details = [line for _, line, _ in ended], [detail for _, _, detail in ended]
-        raise RanksFailed(_report(name, lines, log_dir), lines, details)
+        raise RanksFailed(_report(name, list(map(ends.summary, ended)), log_dir), ended)
     shown = _rank_logs(log_dir).get(0, "")
     if shown:
         print(shown, end="" if shown.endswith("\n") else "\n", flush=True)

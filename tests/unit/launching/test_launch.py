@@ -19,7 +19,7 @@ import torch.distributed as dist
 from tests.conftest import SOLUTIONS
 from tests.reliability import pyspy_attaches, still_alive
 from workshop_lib.errors import WorkshopError
-from workshop_lib.launching import forklaunch, launch, spawning
+from workshop_lib.launching import ends, forklaunch, launch, spawning
 
 SCRIPT = """
 import argparse, json, os, sys, time
@@ -520,13 +520,14 @@ def _join_on_rank1_only(env):
 def test_a_rank_that_dies_in_cpp_is_named_first_with_its_signal_and_last_lines_then_its_peers_echo():
     with pytest.raises(forklaunch.RanksFailed) as err:
         forklaunch.notebook_launch(_join_on_rank1_only, 2, timeout=60)
-    died, echo = err.value.failures
+    died, echo = map(ends.summary, err.value.ends)
     # rank 1's Join all-reduces a count where rank 0's DDP all-reduces the gradients: gloo aborts in C++
     assert died.startswith("rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: "), died
     assert "gloo::EnforceNotMet" in died and "Is there a distributed collective mismatch" in died, died
     assert echo.startswith("rank 0 raised RuntimeError: ") and "peer" in echo, echo  # the survivor, after it
     assert str(err.value).splitlines()[1:3] == [died, echo]
-    assert "collective mismatch" in err.value.details[0]
+    assert err.value.ends[0]["how"] == "killed" and err.value.ends[0]["signal"] == "SIGABRT"
+    assert "collective mismatch" in err.value.ends[0]["detail"]
 
 
 JOIN_ON_ONE_RANK = """

@@ -11,7 +11,6 @@ an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import functools
 import json
 import os
@@ -121,22 +120,11 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     return end
 
 
-def run_item(item: dict, log: str) -> None:
-    """One rank, in a process of its own: its log, the course folder, one thread, then the script. A forked rank
-    keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
-    import gc
-
-
-    gc.freeze()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
-    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the checker had
-        faulthandler.enable(file=sys.stderr)
+def run_item(item: dict) -> None:
+    """One rank, in a process of its own (:class:`~workshop_lib.launching.ranks.Ranks` gives it its log): the course
+    folder, one thread, then the script."""
     for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
         os.environ.pop(name, None)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.chdir(item["cwd"])
     torch.set_num_threads(1)
     run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"],
@@ -249,16 +237,12 @@ def run(item: Item) -> Run:
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
             "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
             "hang_after": item.hang_after}
-    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
-    progress, started, stopped = _Progress(item), time.monotonic(), None
+    ranks = Ranks(run_item, {r: (spec,) for r in world}, envs, start_method(), {r: str(logs[r]) for r in world})
+    progress, started = _Progress(item), time.monotonic()
     try:
         ranks.start()
-        while ranks.poll() is None:
-            time.sleep(0.05)
-            progress.update()
-            stopped = _why_stop(item, progress, started)
-            if stopped:
-                break
+        done = ranks.wait(lambda: progress.update() or _why_stop(item, progress, started), every=0.05)
+        stopped = done if isinstance(done, str) else None
     finally:
         ranks.stop()
         del store

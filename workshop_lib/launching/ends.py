@@ -1,5 +1,6 @@
-"""How each rank ended, as one record that verdicts read (never its text): :func:`record` in the rank, :func:`killed`
-by the launcher for a rank that left none, :func:`summary` the one line that says either."""
+"""How each rank ended, as one record that verdicts read (never its text): :func:`record` in the rank; :func:`killed`
+by the launcher for a rank that left none, :func:`waiting` for a hang, "timed out" past the launch's timeout;
+:func:`summary` the one line that says any of them."""
 
 from __future__ import annotations
 
@@ -49,6 +50,18 @@ def killed(rank: int, code: int | None, output: str, when: float) -> dict:
             "; it printed nothing"}
 
 
+def waiting(blocks: list[dict]) -> list[dict]:
+    """Each rank's end in a hang, from the first block that the hang watch saved where a rank waits for another: the
+    call it waited in (None: in no collective), at its innermost frame of the learner's."""
+    block = next((b for b in blocks if b["waiting_for"]), {"answers": {}})
+    found = []
+    for rank, answer in sorted(block["answers"].items(), key=lambda item: int(item[0])):
+        call, (file, line, function, _) = answer.get("current") or {}, (answer.get("frames") or [[None] * 4])[-1]
+        found.append({"rank": int(rank), "how": "waiting", "call": f"{call['op']} #{call['seq']}" if call else None,
+                      "file": file, "line": line, "function": function, "time": time.time()})
+    return found
+
+
 def summary(end: dict) -> str:
     """The one line of an end record: 'rank 1 raised ValueError: why (File "f", line 3, in g)', 'rank 0 exited with
     code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'."""
@@ -58,6 +71,9 @@ def summary(end: dict) -> str:
         return f"rank {rank} raised {end['type']}" + (f": {end['message']}" if end.get("message") else "") + where
     if how == "exit":
         return f"rank {rank} exited with code {code}: {end['message']}{where}"
+    if how in ("waiting", "timed out"):
+        return f"rank {rank} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
+                                  how == "waiting" else "did not finish in time") + where
     died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
             f"exited with code {code}" if code is not None else "ended")
     return f"rank {rank} {died} without a Python error{end.get('said', '')}"

@@ -6,10 +6,9 @@ The ranks start through :class:`workshop_lib.launching.ranks.Ranks`: forked on L
 
 from __future__ import annotations
 
-import faulthandler
+import functools
 import gc
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -20,14 +19,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from workshop_lib.debug import hangreport
 from workshop_lib.errors import WorkshopError
 from workshop_lib.launching import ends, spawning
 from workshop_lib.launching.launch import LaunchError
 from workshop_lib.launching.ranks import Ranks, lab_env
-
-
-class LaunchTimeout(LaunchError):
-    """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
 
 
 class RanksFailed(LaunchError):
@@ -38,11 +34,16 @@ class RanksFailed(LaunchError):
         self.ends = ends
 
 
-class HangError(LaunchError):
-    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file."""
+class LaunchTimeout(RanksFailed):
+    """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
 
-    def __init__(self, message: str, diagnosis: str, record: Path | None = None):
-        super().__init__(message)
+
+class HangError(RanksFailed):
+    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file,
+    ``ends`` where each rank waited."""
+
+    def __init__(self, message: str, ends: list[dict], diagnosis: str, record: Path):
+        super().__init__(message, ends)
         self.diagnosis, self.record = diagnosis, record
 
 
@@ -52,39 +53,20 @@ HANG_AFTER = 8.0
 
 
 def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_after: float | None, log_dir: str, *args):
-    """What each rank runs: its output to its own log, join the group, ``fn(env, *args)`` (bytes: spawned, by value)."""
-    # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
-    # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
-    # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
-    gc.freeze()
+    """What each rank runs: join the group, ``fn(env, *args)`` (bytes: spawned, by value); its end record if it raises."""
     import torch.distributed as dist
 
     from workshop_lib.debug import hangwatch
     from workshop_lib.debug.launchenv import read_launch_env
     from workshop_lib.launching import joining
 
-    # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
-    # characters interleaved into the cell: each rank writes to its own file instead.
     launch = read_launch_env()
-    log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
-    os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the kernel gave it
-        faulthandler.enable(file=log)
     shipped = isinstance(fn, bytes)
-    if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
+    if shipped:  # a function that cannot be rebuilt here says why in this rank's log
         fn, args = spawning.unpack(fn)
-    # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
-    # at the fork, the child inherits it locked, and its first getaddrinfo waits forever. So: a file store
-    # instead of TCP, and gloo on the loopback interface by name (getifaddrs), not by this host's name.
-    # (All ranks are on this machine, so a file store and the loopback serve a spawned rank as well.)
-    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
-    if loopback:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     env = None  # backend None: fn joins a group itself (a learner's setup, through torchrun's variables)
     if backend is not None:
-        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
+        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)  # no host name to resolve (ranks.py)
         env = joining.join(backend, timeout, store=store)
     if hang_after is not None and backend is not None:  # a collective waiting this long: the watch writes who never
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))  # arrived
@@ -102,7 +84,7 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
     finally:
         hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
         joining.leave()
-        log.flush()
+        sys.stdout.flush()
 
 
 def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[dict]:
@@ -138,17 +120,25 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
     ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
-                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
+                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method,
+                  {r: str(Path(log_dir) / f"rank{r}.log") for r in range(nprocs)})
     try:
         try:
-            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
+            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see ranks._run)
             ranks.start()  # from here to ranks.stop(), the stop button kills every rank, then raises (ranks.py)
-            done = _wait(ranks, name, timeout, log_dir, hang_after)
+            done = ranks.wait(functools.partial(_why_stop, time.monotonic() + timeout, log_dir, hang_after), 0.02)
         finally:
             ranks.stop()
             gc.unfreeze()
     except KeyboardInterrupt:  # the stop button, wherever it landed: every rank is gone by now
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
+    record = Path(log_dir) / "hang.json"
+    if done == "timeout":
+        raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"], log_dir),
+                            [{"rank": r, "how": "timed out", "time": time.time()} for r in range(nprocs)])
+    if isinstance(done, str):  # the watch saves its block whole, after printing it
+        raise HangError(_report(name, [f"the ranks hang: {done}"], log_dir), ends.waiting(hangreport.load(record)),
+                        done, record)
     if done.failed:
         ended = _ended(Path(log_dir), done.failed)
         raise RanksFailed(_report(name, list(map(ends.summary, ended)), log_dir), ended)
@@ -160,23 +150,12 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     return [pickle.loads(v) for v in values] if method == "spawn" else values
 
 
-def _wait(ranks: Ranks, name: str, timeout: float, log_dir: str, hang_after: float | None):
-    """Poll the ranks until they are done, the time is up, or the watch has named a hang (then stop them)."""
-    from workshop_lib.debug import hangreport
-
-    deadline = time.monotonic() + timeout
-    while (done := ranks.poll()) is None:
-        if time.monotonic() > deadline:
-            _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
-            ranks.stop()
-            raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"],
-                                        log_dir))
-        hang = hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
-        if hang:  # the watch saves its block whole, after printing it
-            ranks.stop()
-            raise HangError(_report(name, [f"the ranks hang: {hang}"], log_dir), hang, Path(log_dir) / "hang.json")
-        time.sleep(0.02)
-    return done
+def _why_stop(deadline: float, log_dir: str, hang_after: float | None) -> str | None:
+    """"timeout" once the time is up (each rank's stack dumped first), or the watch's line once it has named a hang."""
+    if time.monotonic() > deadline:
+        _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
+        return "timeout"
+    return hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
 
 
 def _dump_stacks(path: Path) -> None:

@@ -179,8 +179,9 @@ def _hang_on_rank1(env):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_notebook_launch_times_out_and_keeps_where_each_rank_was():
-    with pytest.raises(launch.LaunchError, match="did not finish within 5s") as err:
+    with pytest.raises(forklaunch.LaunchTimeout, match="did not finish within 5s") as err:
         forklaunch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+    assert [(e["rank"], e["how"]) for e in err.value.ends] == [(0, "timed out"), (1, "timed out")]
     all_log = Path(str(err.value).rsplit("every rank's output: ", 1)[1].strip())
     stacks = all_log.read_text().split("===== stacks at the timeout (py-spy dump --native)\n", 1)
     assert len(stacks) == 2, all_log.read_text()[-2000:]
@@ -202,6 +203,9 @@ def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early(
     with pytest.raises(forklaunch.HangError) as err:
         forklaunch.notebook_launch(_all_reduce_on_rank0_only, 2, timeout=100, hang_after=2)
     # HangError comes only from the watch's saved record (a timeout raises LaunchTimeout): no time window needed
+    waited = [(e["rank"], e["how"], e["call"], e["function"]) for e in err.value.ends]  # each rank's end, as fields
+    assert waited == [(0, "waiting", "all_reduce #1", "_all_reduce_on_rank0_only"),
+                      (1, "waiting", None, "_all_reduce_on_rank0_only")], err.value.ends
     assert err.value.diagnosis.startswith("rank 0 waits in all_reduce #1 (called at ")
     assert "in _all_reduce_on_rank0_only()); rank 1 never joined it: it is in _all_reduce_on_rank0_only() at " \
         in err.value.diagnosis

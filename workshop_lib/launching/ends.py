@@ -18,8 +18,7 @@ def record(rank: int, err: BaseException | None, within: str | None = None) -> d
     """How rank ``rank``'s code ended: ``returned``; ``exit`` (a non-zero SystemExit: its ``code``); ``raised`` (its
     ``type``, ``detail``: torch's whole message, capped, where it names what it means). ``message``: the first line.
     ``file``, ``line``, ``function``: the learner's innermost frame (else the innermost; ``within`` a file: that
-    file's, a script's own);
-    ``frames``: the traceback's innermost, [file, line, function, code]."""
+    file's, a script's own). ``frames``: the traceback's innermost, [file, line, function, code]."""
     from workshop_lib.debug import frames
 
     if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
@@ -45,9 +44,7 @@ def killed(rank: int, code: int | None, output: str, when: float) -> dict:
         died = signal.Signals(-code).name if code is not None and code < 0 else None
     except ValueError:
         died = f"signal {-code}"
-    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when,
-            "detail": " | ".join(lines), "said": f"; its last lines: {' | '.join(lines)}" if lines else
-            "; it printed nothing"}
+    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when, "detail": " | ".join(lines)}
 
 
 def waiting(blocks: list[dict]) -> list[dict]:
@@ -76,4 +73,5 @@ def summary(end: dict) -> str:
                                   how == "waiting" else "did not finish in time") + where
     died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
             f"exited with code {code}" if code is not None else "ended")
-    return f"rank {rank} {died} without a Python error{end.get('said', '')}"
+    said = f"; its last lines: {end['detail']}" if end.get("detail") else "; it printed nothing"
+    return f"rank {rank} {died} without a Python error{said}"

@@ -24,7 +24,7 @@ RAISED = {"rank": 0, "how": "raised", "type": "RuntimeError", "message": DETAIL.
               ["/repo/workshop_lib/debug/collectives.py", 78, "collective", "return fn(*args, **kwargs)"],
               ["/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", 1775, "_pre_forward",
                "if torch.is_grad_enabled() and self.reducer._rebuild_buckets():"]]}
-KILLED = {"rank": 1, "how": "killed", "code": -15, "signal": "SIGTERM", "time": 3.0, "detail": "", "said": ""}
+KILLED = {"rank": 1, "how": "killed", "code": -15, "signal": "SIGTERM", "time": 3.0, "detail": ""}
 
 
 def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_end_record():

@@ -11,7 +11,6 @@ import gc
 import json
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -126,7 +125,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         try:
             gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see ranks._run)
             ranks.start()  # from here to ranks.stop(), the stop button kills every rank, then raises (ranks.py)
-            done = ranks.wait(functools.partial(_why_stop, time.monotonic() + timeout, log_dir, hang_after), 0.02)
+            done = ranks.wait(functools.partial(_why_stop, ranks, time.monotonic() + timeout, log_dir, hang_after), 0.02)
         finally:
             ranks.stop()
             gc.unfreeze()
@@ -150,28 +149,15 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     return [pickle.loads(v) for v in values] if method == "spawn" else values
 
 
-def _why_stop(deadline: float, log_dir: str, hang_after: float | None) -> str | None:
-    """"timeout" once the time is up (each rank's stack dumped first), or the watch's line once it has named a hang."""
+def _why_stop(ranks: Ranks, deadline: float, log_dir: str, hang_after: float | None) -> str | None:
+    """"timeout" once the time is up (where each rank was saved first, as ``diagnose`` shows it), or the watch's line
+    once it has named a hang."""
+    from workshop_lib.debug import stacks
+
     if time.monotonic() > deadline:
-        _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
+        (Path(log_dir) / "stacks.log").write_text(stacks.side_by_side(stacks.stacks(ranks.pids()), width=60))
         return "timeout"
     return hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
-
-
-def _dump_stacks(path: Path) -> None:
-    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
-    import psutil
-
-    from workshop_lib.debug.stacks import pyspy_dump
-
-    parts = []
-    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
-        try:
-            done = pyspy_dump(child.pid, native=True, timeout=15)
-            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
-        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
-            parts.append(f"----- pid {child.pid}: no stack ({err})")
-    path.write_text("\n".join(parts) or "no child processes left")
 
 
 def _rank_logs(log_dir: str) -> dict[int, str]:
@@ -185,6 +171,6 @@ def _report(name: str, failures: list[str], log_dir: str) -> str:
     parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
     stacks = Path(log_dir) / "stacks.log"
     if stacks.is_file():  # after a timeout: where every process was
-        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
+        parts.append(f"===== stacks at the timeout\n{stacks.read_text(errors='replace')}")
     path.write_text("\n".join(parts))
     return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

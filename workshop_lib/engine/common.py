@@ -190,7 +190,7 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend, hang_after=hang_after)
     except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
-        if err.record is not None and (alone := rank_alone(err.record)):
+        if alone := rank_alone(err.record):
             raise CheckFailed(alone) from None
         diagnosis = err.diagnosis
         raise CheckFailed(diagnosis if "every rank must" in diagnosis

@@ -75,8 +75,7 @@ def test_each_broken_lab_stops_where_its_record_says(name, capsys, monkeypatch):
     assert run.record and hang_runs.deadlocked(run.record), out
     assert "never arrived: rank" in out and "where each rank is" in out, out
     # the threshold 05 states (twice or four times it where a first report found a rank only slow to come)
-    assert re.search(rf"has waited ({hang_runs.HANG_AFTER:.0f}|{2 * hang_runs.HANG_AFTER:.0f}|"
-                     rf"{4 * hang_runs.HANG_AFTER:.0f}) s in ", out), out
+    assert re.search(r"has waited (1|2|4) s in ", out), out
     hang_labs.check(run, HANGS[name])  # raises CheckFailed, naming the rank, if the record says otherwise
     assert sequences.describe(run.record).startswith("the ranks' calls first differ at call ")
 
@@ -166,7 +165,7 @@ def test_the_loop_edit_puts_the_whole_loop_in_the_block():
 def test_a_wrong_fix_is_named_in_one_line(mistake, monkeypatch):
     name, edit = WRONG_FIXES[mistake]
     if mistake == "still hangs":  # it waits out the threshold of a fixed lab: 8 s for a learner, 3 s here
-        monkeypatch.setattr(hang_runs, "FIX_HANG_AFTER", 3.0)
+        monkeypatch.setattr(forklaunch, "HANG_AFTER", 3.0)
     with pytest.raises(CheckFailed) as err:
         hang_labs.check_fix(name, edit=edit)
     said = str(err.value)

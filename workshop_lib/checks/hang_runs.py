@@ -28,9 +28,6 @@ from workshop_lib.figures import sequences
 from workshop_lib.paths import clone_root, lab_root
 
 NOTEBOOK = "05_when_it_hangs.ipynb"
-# Seconds a collective may wait before the watch explains it ("has waited 1 s"): a broken run's steps take
-# milliseconds (a wait that was no deadlock runs again with a longer threshold); a fix's run must not be cut short.
-HANG_AFTER, FIX_HANG_AFTER = 1.0, 8.0
 TIMEOUT = 60.0  # seconds before a lab run is stopped whatever happens (and its process group's timeout)
 # Each lab's batch size: 16 makes 6 and 5 batches of lab 2's uneven shards (81 and 80 molecules); BatchNorm needs
 # no batch of 1 (lab 4: shards of 161). The labs' names say nothing of their bugs.
@@ -142,78 +139,58 @@ def deadlocked(record: list[dict]) -> bool:
     return all(now) and len(calls) > 1
 
 
-def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None) -> Run:
-    """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended (a
-    broken run whose watch spoke before a deadlock runs again with a longer threshold)."""
-    from workshop_lib.launching.forklaunch import HangError, LaunchTimeout, notebook_launch
-    from workshop_lib.launching.launch import LaunchError
+def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callable[[str], str] | None = None,
+           hang_after: float = 1.0) -> Run:
+    """Lab ``name``'s train() (``broken``: as the exercise gives it) on 2 forked ranks with the watch: how it ended.
+
+    ``hang_after``: the seconds a broken run's collective may wait before the watch explains it ("has waited 1 s"):
+    its steps take milliseconds (a wait that was no deadlock runs again, with twice and four times as long). A fix's
+    run waits the launcher's :data:`~workshop_lib.launching.forklaunch.HANG_AFTER`: it must not be cut short."""
+    from workshop_lib.launching import forklaunch
 
     train = load(_lab(name), broken, notebook, edit)["train"]
     cfg = TrainConfig(limit=447, epochs=1, batch_size=BATCH[name], timeout=TIMEOUT, tensorboard=False)
     started, speaks = time.time(), RAW_TIMEOUT if broken and name in TORCH_SPEAKS else None
     debug = DEBUG.get(name) if broken else None
-    tries = (None,) if speaks else (HANG_AFTER, 2 * HANG_AFTER, 4 * HANG_AFTER) if broken else (FIX_HANG_AFTER,)
-    for hang_after in tries:
+    tries = (None,) if speaks else (hang_after, 2 * hang_after, 4 * hang_after) if broken else (forklaunch.HANG_AFTER,)
+    for wait in tries:
         try:
-            return Run(name, started=started, results=notebook_launch(
-                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=hang_after, group_timeout=speaks))
-        except HangError as err:
+            return Run(name, started=started, results=forklaunch.notebook_launch(
+                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks))
+        except forklaunch.HangError as err:
             run = Run(name, record=hangreport.load(err.record), started=started)
             if not broken or deadlocked(run.record):
                 return run
-        except LaunchTimeout:
+        except forklaunch.LaunchTimeout:
             return Run(name, timed_out=True, started=started)
-        except LaunchError as err:
-            return _failed(name, str(err), started)
+        except forklaunch.RanksFailed as err:
+            return _failed(name, err.ends, started)
     return run
 
 
-def _errors(message: str) -> dict[int, str]:
-    """{rank: its error, first sentence} from notebook_launch's failure lines ('rank 0 raised X: ... (File ...)')."""
-    found = {}
-    for line in message.splitlines():
-        if line.startswith("rank ") and " raised " in line:
-            rank, error = line[5:].split(" raised ", 1)
-            found[int(rank)] = first_sentence(error.split(" (File ")[0], 200)
-        elif line.startswith("rank ") and " failed with " in line:
-            found[int(line.split()[1])] = line.split(" failed with ", 1)[1]
-    return found
-
-
-_SECTION = re.compile(r"^===== rank (\d+)$", re.M)
-_TRAIN_FRAME = re.compile(rf'^\s+File "{TRAIN_CELL}", line (\d+), in train$', re.M)
-_FRAME = re.compile(r'^\s+File "(?:[^"]*/(?=(?:torch|workshop_lib)/))?([^"]*)", line \d+, in (\w+)$', re.M)
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*$", re.M)
-# A frame of the watch's call-through wrappers (workshop_lib/debug/), with its code lines: not the learner's to read
-_WATCH_FRAME = re.compile(r'^\s+File "[^"]*/workshop_lib/debug/[^"]*", line \d+, in \w+\n(?:(?!\s+File ")[ \t].*\n)*', re.M)
-
-
-def tracebacks(text: str) -> tuple[dict[int, tuple[int, str, tuple[str, ...]]], dict[int, str]]:
-    """From every rank's output (all.log): where in train() each rank raised (line, code, the functions below it),
-    and its traceback from train() down, its error whole."""
-    raised, messages = {}, {}
-    parts = _SECTION.split(text)
-    for rank, body in zip(parts[1::2], parts[2::2], strict=True):
-        body = body.split("\n===== ", 1)[0]
-        if not (frames := list(_TRAIN_FRAME.finditer(body))):
+def _failed(name: str, ended: list[dict], started: float) -> Run:
+    """A failed run, read from each rank's end record (:mod:`workshop_lib.launching.ends`): its error (first sentence),
+    where in train() it raised (line, code, the functions below, the watch's wrappers left out), and its traceback
+    from train() down, paths from torch/ or workshop_lib/, its error whole."""
+    run = Run(name, started=started)
+    for end in ended:
+        rank = end["rank"]
+        if end["how"] != "raised":
+            run.errors[rank] = f"exit code {end.get('code')}"
             continue
-        line, error = int(frames[-1].group(1)), _ERROR_LINE.search(body, frames[-1].end())
-        below = _WATCH_FRAME.sub("", body[frames[-1].start():error.start() if error else len(body)])
-        raised[int(rank)] = (line, linecache.getline(TRAIN_CELL, line).strip().split("  # ")[0],
-                             tuple(fn for _, fn in _FRAME.findall(below)[1:]))
-        lines = _FRAME.sub(lambda m: m.group(0).replace(m.group(0).split('"')[1], m.group(1)), below).splitlines()
-        lines += body[error.start():].splitlines() if error else []
-        messages[int(rank)] = "\n".join(x for x in lines if x.strip() and not x.startswith(hangreport.PREFIX))
-    return raised, messages
-
-
-def _failed(name: str, message: str, started: float) -> Run:
-    """A failed run: each rank's error, and from every rank's output, where each raised and its whole message."""
-    run = Run(name, errors=_errors(message), started=started)
-    log = message.rsplit("every rank's output: ", 1)[-1].strip() if "every rank's output: " in message else ""
-    if log and Path(log).is_file():
-        run.raised, run.messages = tracebacks(Path(log).read_text(errors="replace"))
+        run.errors[rank] = first_sentence(f"{end['type']}: {end['message']}", 200)
+        stack = end["frames"]
+        mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
+        if not mine:
+            continue
+        below = [frame for frame in stack[mine[-1]:] if f"{os.sep}workshop_lib{os.sep}debug{os.sep}" not in frame[0]]
+        run.raised[rank] = (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
+        run.messages[rank] = "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
+                                          for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
     return run
+
+
+_PACKAGE = re.compile(r"^.*/(?=(?:torch|workshop_lib)/)")  # a path from torch/ or workshop_lib/ on, as py-spy says it
 
 
 def train_offset(script: str) -> int:
@@ -235,6 +212,9 @@ def terminal_command(name: str, timeout: float = 60.0, watch: bool = False) -> s
     return torchrun_command(f"exercises/{name}.py", 2, watch=watch, args=_script_args(name, timeout))
 
 
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*$")  # torch's printed error, in a terminal
+
+
 def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
     """Each rank's last line of ``script`` in its traceback (two lines: where, and the code) and its error line."""
     said: dict[int, list[str]] = {}
@@ -251,9 +231,10 @@ def _torch_said(lines: list[str], script: str) -> dict[int, list[str]]:
     return said
 
 
-def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0) -> Run:
+def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0, hang_after: float = 1.0) -> Run:
     """Lab ``name``'s exercise script under torchrun: prints the command, diagnose's stacks once the watch has seen a
-    deadlock, then each rank's part of torch's error when the group's ``timeout`` ends it (``limit``: a hard stop)."""
+    deadlock (after ``hang_after`` s), then each rank's part of torch's error when the group's ``timeout`` ends it
+    (``limit``: a hard stop)."""
     import subprocess
 
     from workshop_lib.debug import stacks
@@ -266,7 +247,7 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0) -> R
     print(f"$ {command}", flush=True)
     run = Run(name, script=script)
     proc = start_job(root / script, _script_args(name, timeout), 2, env={
-        hangreport.RECORD_VARIABLE: str(record), "WORKSHOP_HANG_AFTER": f"{HANG_AFTER:g}"}, watch=True)
+        hangreport.RECORD_VARIABLE: str(record), "WORKSHOP_HANG_AFTER": f"{hang_after:g}"}, watch=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
     reader.start()

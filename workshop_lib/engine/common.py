@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from workshop_lib.engine import torch_errors
 from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.launching import ends
+from workshop_lib.launching.forklaunch import HANG_AFTER, HangError, LaunchTimeout, RanksFailed, notebook_launch
 
 
 class CheckFailed(AssertionError):
@@ -122,15 +123,6 @@ def _this_rank() -> int | None:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
-# "rank 1 raised AttributeError: 'NoneType' object has no attribute 'x' (File "...", line 7, in f)": a forked rank's
-_FAILURE = re.compile(r'^rank (\d+) raised \w+: (.*) \(File "(.+)", line (\d+), in [^)]*\)$')  # line (forklaunch)
-
-
-# A collective that waits this long in a check (whose ranks each take a second or two) is a hang:
-# the hang watch names the rank that never arrived, and the check stops there instead of at its timeout.
-HANG_AFTER = 8.0
-
-
 def _call(fn: Callable, name: str, *args):
     """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
     try:
@@ -194,18 +186,15 @@ def _text(file: str) -> str:
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
-               hang_after: float | None = None, fix: str = "every rank must call every collective, in the same order",
+               hang_after: float = HANG_AFTER, fix: str = "every rank must call every collective, in the same order",
                backend: str | None = "gloo", timed_out: Callable[[], str | None] | None = None) -> list:
     """``fn(env, *args)`` on ``nprocs`` ranks of :func:`~workshop_lib.launching.forklaunch.notebook_launch` (``backend``
-    None: ``fn(None, *args)`` joins itself); a failure or a hang (a collective waiting ``hang_after`` s, default
-    :data:`HANG_AFTER`) becomes one line, with ``fix``; past ``timeout``, ``timed_out()``'s line where it has one."""
-    from workshop_lib.launching.forklaunch import HangError, LaunchTimeout, RanksFailed, notebook_launch
-
+    None: ``fn(None, *args)`` joins itself); a failure or a hang (a collective waiting ``hang_after`` s) becomes one
+    line, with ``fix``, read from the ranks' end records; past ``timeout``, ``timed_out()``'s line where it has one."""
     try:
-        return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend,
-                               hang_after=HANG_AFTER if hang_after is None else hang_after)
+        return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend, hang_after=hang_after)
     except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
-        if err.record is not None and (alone := rank_alone(err.record)):
+        if alone := rank_alone(err.record):
             raise CheckFailed(alone) from None
         diagnosis = err.diagnosis
         raise CheckFailed(diagnosis if "every rank must" in diagnosis
@@ -216,11 +205,12 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:
-        if "NotImplementedError" in str(err):
+        first = err.ends[0]
+        if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
-        why = next(filter(None, map(torch_errors.explain, err.details)), None)
-        if why is None and (said := _FAILURE.match(err.failures[0])):
-            why = _none_cause(said[3], int(said[4]), said[2], int(said[1]))
-        raise CheckFailed(f"a rank failed: {err.failures[0]}" + (f"; {why}" if why else "")) from None
+        why = next(filter(None, (torch_errors.explain(end["detail"]) for end in err.ends)), None)
+        if why is None and first.get("line"):
+            why = _none_cause(first["file"], first["line"], first["message"], first["rank"])
+        raise CheckFailed(f"a rank failed: {ends.summary(first)}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

@@ -431,18 +431,19 @@ def end(events: list[dict]) -> dict | None:
 
 
 def how(events: list[dict]) -> str:
-    """'ok', 'exit', 'error', 'lost' (a peer went away), 'timed out' (the group's timeout), or 'stopped'."""
+    """The record's 'returned', 'exit', 'raised' (:func:`~workshop_lib.launching.ends.record`), or of a raise 'lost' (a
+    peer went away) or 'timed out' (the group's timeout); 'stopped' where the rank left no record."""
     e = end(events)
     if e is None:
         return "stopped"
-    if e["how"] != "error":
+    if e["how"] != "raised":
         return e["how"]
     message = e.get("message") or ""
     if any(s in message for s in _TIMED_OUT):
         return "timed out"
     if any(s in message for s in _LOST):
         return "lost"
-    return "error"
+    return "raised"
 
 
 def waiting_in(events: list[dict]) -> dict | None:

@@ -91,13 +91,13 @@ def started(case: Case) -> str | None:
     """Every rank ran the script it was given: no TODO left open, no exit on its arguments."""
     for rank, events in sorted(case.ranks.items()):
         e = end(events) or {}
-        if e.get("error") == "NotImplementedError":
-            return f"a TODO is still open{_at(e, 'at')}: fill it in (its line raises NotImplementedError)"
+        if e.get("type") == "NotImplementedError":
+            return f"a TODO is still open{_at(e)}: fill it in (its line raises NotImplementedError)"
         if how(events) == "exit":
             said = (e.get("said") or [e["message"]])[-1]  # the script's own last words, as it printed them
             usage = (f"; its own arguments go after its path: python -m workshop_lib.check [options] {case.name} ARGS"
                      if case.step is None and e["code"] == 2 else "")
-            return f"rank {rank} stopped with exit code {e['code']}{_at(e, 'at')}: {said}{usage}"
+            return f"rank {rank} stopped with exit code {e['code']}{_at(e)}: {said}{usage}"
     return None
 
 
@@ -106,15 +106,15 @@ def joined(case: Case) -> str | None:
     for rank, events in sorted(case.ranks.items()):
         inits, e = _of(events, "init", phase="enter"), end(events) or {}
         if not inits and "not been initialized" in (e.get("message") or ""):
-            if "DistributedSampler" in case.code(e.get("at")):
-                return (f"the DistributedSampler{_at(e, 'at')} was built before the process group existed (torch: "
+            if "DistributedSampler" in case.code(e.get("line")):
+                return (f"the DistributedSampler{_at(e)} was built before the process group existed (torch: "
                         f"Default process group has not been initialized): build it after init_process_group")
             return (f"rank {rank} used the process group before joining it (torch: Default process group has not "
-                    f"been initialized){_at(e, 'at')}: call dist.init_process_group first (in setup)")
-        if not inits and e.get("how") == "ok" and not _of(events, "collective") and not _of(events, "destroy"):
+                    f"been initialized){_at(e)}: call dist.init_process_group first (in setup)")
+        if not inits and e.get("how") == "returned" and not _of(events, "collective") and not _of(events, "destroy"):
             return (f"rank {rank} never called dist.init_process_group: the processes never formed a group; join it "
                     f"in setup, before training")
-        if inits and inits[0]["backend"] not in ("gloo", "None") and how(events) == "error":
+        if inits and inits[0]["backend"] not in ("gloo", "None") and how(events) == "raised":
             return (f"rank {rank} joined with backend {inits[0]['backend']}{_at(inits[0])} on a machine without GPUs: "
                     f"use the backend of the device, gloo for CPU tensors (dist.get_default_backend_for_device(device) "
                     f"picks it)")
@@ -180,7 +180,7 @@ def logged(case: Case) -> str | None:
     so, over every rank's batches, in a run that ended well; where they differ, the line that made the difference (an
     all_reduce done twice, a scale by the world size, an op)."""
     world = len(case.ranks)
-    ended_well = all(how(events) == "ok" for events in case.ranks.values())
+    ended_well = all(how(events) == "returned" for events in case.ranks.values())
     for e, row in enumerate((case.metrics or {}).get("history", [])[:case.epochs] if ended_well else ()):
         held = _held(case, e)
         count = sum(n for _, n in held.values())
@@ -279,7 +279,7 @@ def _waited(case: Case, ranks: list[int]) -> str:
         events = case.ranks[rank]
         call = waiting_in(events) or next((c for c in reversed(_calls(events))), None)
         e = end(events) or {}
-        where = f"{call_name(call)}{_at(call)}" if call else f"line {e['at']}" if e.get("at") else "its script"
+        where = f"{call_name(call)}{_at(call)}" if call else f"line {e['line']}" if e.get("line") else "its script"
         then = {"lost": " until its connection to the others closed", "timed out": " until the group's timeout",
                 "stopped": " until the checker stopped it"}.get(how(events), "")
         said.append(f"rank {rank} waited in {where}{then}")
@@ -320,16 +320,16 @@ def same_collectives(case: Case) -> str | None:
     i = first_difference({r: [c.get("name", "backward") for c in cs] for r, cs in calls.items()})
     stuck = [r for r, ev in sorted(case.ranks.items()) if how(ev) in ("lost", "timed out", "stopped")]
     if i is None:
-        if not stuck or any(how(ev) == "error" for ev in case.ranks.values()):
+        if not stuck or any(how(ev) == "raised" for ev in case.ranks.values()):
             return None
         return f"the ranks stopped making progress ({_waited(case, stuck)}): {EVERY_COLLECTIVE}"
     at = {r: cs[i] for r, cs in calls.items() if i < len(cs)}
     without = [r for r in calls if r not in at]
-    ended = {"ok": " (it finished)", "error": " (it raised)"}
+    ended = {"returned": " (it finished)", "raised": " (it raised)"}
     each = ", ".join(f"rank {r} called {call_name(at[r])} at {_line_of(case, at[r])}" if r in at else
                      f"rank {r} called nothing more{ended.get(how(case.ranks[r]), ' (it was elsewhere in its script)')}"
                      for r in calls)
-    if any(how(case.ranks[r]) == "error" for r in without):
+    if any(how(case.ranks[r]) == "raised" for r in without):
         return None  # the rank that crashed called no more: the crash is the cause
     for call in at.values():
         found = branches.under_rank((case.source, line) for line in [call.get("line"), *reversed(call.get("via") or [])])
@@ -350,7 +350,7 @@ def same_collectives(case: Case) -> str | None:
         why = why or "a decision taken on some ranks alone ended their loop: every rank must run every epoch and step"
         return f"rank {_and(early)} left the training loop early ({_left_where(case, early[0])}){waited}: {why}"
     if without:
-        first, finished = next(iter(at)), all(how(case.ranks[r]) == "ok" for r in without)
+        first, finished = next(iter(at)), all(how(case.ranks[r]) == "returned" for r in without)
         return (f"rank {_and(without)} skipped the {call_name(at[first])} that rank {first} called at line "
                 f"{at[first].get('line')}{' and finished' if finished else ''}{waited}: every rank must call every "
                 f"collective, or the others wait for it")
@@ -365,20 +365,20 @@ def _file_race(case: Case, rank: int, e: dict) -> str | None:
         for save in _of(events, "save"):
             path = save.get("path") or ""
             if saver != rank and path and (path == loaded or Path(path).name in (e.get("message") or "")):
-                return (f"rank {rank} loaded {Path(path).name}{_at(e, 'at')} before rank {saver} had saved it (line "
-                        f"{save['line']}; {e['error']}): put dist.barrier() after the save, before any rank loads the "
+                return (f"rank {rank} loaded {Path(path).name}{_at(e)} before rank {saver} had saved it (line "
+                        f"{save['line']}; {e['type']}): put dist.barrier() after the save, before any rank loads the "
                         f"file")
     return None
 
 
 def _kept_the_wrapper(case: Case, e: dict) -> str | None:
     """The line that handed the wrapper to best.update, when a load of the best weights met module. keys."""
-    if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("at")):
+    if "module." not in (e.get("detail") or "") or "restore" not in case.code(e.get("line")):
         return None
     found = re.search(r"^.*best\.update\([^)]*\bmodel\)", case.source, re.M)
     kept = case.source[:found.start()].count("\n") + 1 if found else None
     return kept and (f"(its keys start with module.): the best weights were kept from DDP's wrapper, line {kept} "
-                     f"({case.code(kept)}); keep the plain model's, model.module, and line {e.get('at')} loads them "
+                     f"({case.code(kept)}); keep the plain model's, model.module, and line {e.get('line')} loads them "
                      f"as it is")
 
 
@@ -397,16 +397,16 @@ def crashed(case: Case) -> str | None:
     """Every rank ran to the end. A rank that raised (not a peer that lost contact with it): torch's words, and the
     learner's line that set it up where the record or the text shows one."""
     for rank, events in sorted(case.ranks.items()):
-        if how(events) != "error" or (case.reads and _of(events, "pass", split="train")):
+        if how(events) != "raised" or (case.reads and _of(events, "pass", split="train")):
             continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)
-        said = f"rank {rank} raised {e['error']}{_at(e, 'at')}: {e['message']}".rstrip(":")
+        said = f"rank {rank} raised {e['type']}{_at(e)}: {e['message']}".rstrip(":")
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"
-        why = branches.unset_on_rank(case.source, e.get("at"), e["error"], e["message"], rank) or torch_errors.explain(
+        why = branches.unset_on_rank(case.source, e.get("line"), e["type"], e["message"], rank) or torch_errors.explain(
             e.get("detail") or e["message"]) or (
-            shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("at")) else None)
+            shards.cause("raised", case.ranks, "train") if "DistributedSampler" in case.code(e.get("line")) else None)
         setup = set_up(events, e.get("detail") or e["message"], case.code)
         return f"{said.rstrip('.')}; {setup}{why}" if why else said
     return None

@@ -11,14 +11,12 @@ an agent (a bare 2-rank torchrun took 6-8.5 s on 2 cores, measured 2026-12-06), 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import functools
 import json
 import os
 import runpy
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from workshop_lib.debug import hangreport, hangwatch
 from workshop_lib.debug.hangreport import RECORD_VARIABLE
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine.recorder import Recorder, recording
-from workshop_lib.errors import first_line
+from workshop_lib.launching import ends
 from workshop_lib.launching.ranks import Ranks
 from workshop_lib.launching.spawning import start_method
 from workshop_lib.paths import lab_root
@@ -39,7 +37,6 @@ WORLD = 2
 LEFT_WAITING = 6.0  # seconds a rank may go on without news once another has ended
 STALL = 15.0  # seconds without news from any rank
 LIMIT = 60.0  # seconds for one item
-HANG_AFTER = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
 
 @dataclass
@@ -53,6 +50,7 @@ class Item:
     cwd: Path | None = None
     world: int = WORLD
     reads: int = 0  # > 0: a probe of the data alone (:class:`~workshop_lib.engine.recorder.Recorder`'s ``reads``)
+    hang_after: float = 4.0  # seconds a collective may wait before the watch asks every rank where it is
 
     @property
     def hang(self) -> Path:
@@ -91,29 +89,16 @@ class _Tail:
         return [line for line in self.kept.splitlines() if line.strip()][-6:]
 
 
-def _ending(err: BaseException | None, script: str) -> dict:
-    """How the script ended: ``ok``, ``exit`` (a non-zero SystemExit) or ``error``, and the script's line it left."""
-    if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
-        return {"how": "ok"}
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if os.path.abspath(f.filename) == script]
-    at = frames[-1].lineno if frames else None
-    if isinstance(err, SystemExit):
-        message = getattr(err, "message", None) or str(err.code)
-        return {"how": "exit", "code": err.code if isinstance(err.code, int) else 1, "message": message[:300], "at": at}
-    return {"how": "error", "error": type(err).__name__, "message": first_line(err, 300), "at": at,
-            "detail": str(err)[:2000]}  # the lines after the first, where torch names what it means (state dict keys)
-
-
-def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int = 0) -> dict:
-    """Run ``script`` as ``__main__`` with ``argv``, watched and recorded under ``prefix``; how it ended."""
+def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int, hang_after: float) -> dict:
+    """Run ``script`` as ``__main__`` with ``argv``, watched (``hang_after``) and recorded under ``prefix``; its end
+    record (:func:`~workshop_lib.launching.ends.record`)."""
     script = os.path.abspath(script)
     rec = Recorder(prefix, reads)
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
     sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
     tail = sys.stderr = _Tail(sys.stderr)
-    hangwatch.attach(threshold=float(os.environ.get(hangwatch.AFTER_VARIABLE, HANG_AFTER)), record=hang_record,
-                     poll=0.25)
+    hangwatch.attach(threshold=hang_after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
         with recording(rec):
@@ -126,7 +111,8 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
             sys.path.remove(os.path.dirname(script))
         hangwatch.detach()  # says this rank left; the next script gets a watch of its own
     still_joined = dist.is_available() and dist.is_initialized()
-    end = rec.add("end", line=False, left_group=not still_joined, said=tail.said(), **_ending(error, script))
+    end = ends.record(int(os.environ.get("RANK", 0)), error, within=script)
+    end = rec.add("end", line=end.pop("line", None), left_group=not still_joined, said=tail.said(), **end)
     rec.close()
     if still_joined:  # a script that never left
         with contextlib.suppress(Exception):
@@ -134,25 +120,15 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     return end
 
 
-def run_item(item: dict, log: str) -> None:
-    """One rank, in a process of its own: its log, the course folder, one thread, then the script. A forked rank
-    keeps the parent's objects unfreed and joins gloo on the loopback by name (no host name lookup after a fork)."""
-    import gc
-
-
-    gc.freeze()
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    sys.stdout = sys.stderr = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the rank)
-    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the checker had
-        faulthandler.enable(file=sys.stderr)
+def run_item(item: dict) -> None:
+    """One rank, in a process of its own (:class:`~workshop_lib.launching.ranks.Ranks` gives it its log): the course
+    folder, one thread, then the script."""
     for name in item["unset"]:  # the checker's own launcher's variables: the script gets only the runner's
         os.environ.pop(name, None)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.chdir(item["cwd"])
     torch.set_num_threads(1)
-    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"])
+    run_script(f"{item['prefix']}.rank{os.environ['RANK']}", item["script"], item["argv"], item["hang"], item["reads"],
+               item["hang_after"])
     sys.stdout.flush()
 
 
@@ -259,17 +235,14 @@ def run(item: Item) -> Run:
     for r in world:
         envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
-            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads}
-    ranks = Ranks(run_item, {r: (spec, str(logs[r])) for r in world}, envs, start_method())
-    progress, started, stopped = _Progress(item), time.monotonic(), None
+            "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
+            "hang_after": item.hang_after}
+    ranks = Ranks(run_item, {r: (spec,) for r in world}, envs, start_method(), {r: str(logs[r]) for r in world})
+    progress, started = _Progress(item), time.monotonic()
     try:
         ranks.start()
-        while ranks.poll() is None:
-            time.sleep(0.05)
-            progress.update()
-            stopped = _why_stop(item, progress, started)
-            if stopped:
-                break
+        done = ranks.wait(lambda: progress.update() or _why_stop(item, progress, started), every=0.05)
+        stopped = done if isinstance(done, str) else None
     finally:
         ranks.stop()
         del store

@@ -6,13 +6,11 @@ The ranks start through :class:`workshop_lib.launching.ranks.Ranks`: forked on L
 
 from __future__ import annotations
 
-import faulthandler
+import functools
 import gc
 import json
-import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,66 +18,54 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from workshop_lib.errors import WorkshopError, first_line
-from workshop_lib.launching import spawning
-from workshop_lib.launching.launch import LaunchError, exit_said, last_lines
+from workshop_lib.debug import hangreport
+from workshop_lib.errors import WorkshopError
+from workshop_lib.launching import ends, spawning
+from workshop_lib.launching.launch import LaunchError
 from workshop_lib.launching.ranks import Ranks, lab_env
 
 
-class LaunchTimeout(LaunchError):
+class RanksFailed(LaunchError):
+    """A rank raised or died: ``ends``, the record of each rank that did (:mod:`~.ends`), the first to fail first."""
+
+    def __init__(self, message: str, ends: list[dict]):
+        super().__init__(message)
+        self.ends = ends
+
+
+class LaunchTimeout(RanksFailed):
     """The ranks did not finish within the launch's timeout (and were killed); the message names the log file."""
 
 
-class RanksFailed(LaunchError):
-    """A rank raised or died: ``failures``, a line per failed rank; ``details``, torch's whole message of each raise."""
+class HangError(RanksFailed):
+    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file,
+    ``ends`` where each rank waited."""
 
-    def __init__(self, message: str, failures: list[str], details: list[str]):
-        super().__init__(message)
-        self.failures, self.details = failures, details
-
-
-class HangError(LaunchError):
-    """The ranks hang in a collective one of them never joined: ``diagnosis`` in one line, ``record`` the watch's file."""
-
-    def __init__(self, message: str, diagnosis: str, record: Path | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, ends: list[dict], diagnosis: str, record: Path):
+        super().__init__(message, ends)
         self.diagnosis, self.record = diagnosis, record
 
 
+# Seconds a collective may wait in a check (whose ranks each take a second or two) before the hang watch names the
+# rank that never arrived, and the check stops there instead of at its timeout: the launcher's one default.
+HANG_AFTER = 8.0
+
+
 def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_after: float | None, log_dir: str, *args):
-    """What each rank runs: its output to its own log, join the group, ``fn(env, *args)`` (bytes: spawned, by value)."""
-    # Objects inherited from the kernel are the kernel's: were this rank's garbage collector to free a cycle of
-    # them (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would
-    # run here, without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
-    gc.freeze()
+    """What each rank runs: join the group, ``fn(env, *args)`` (bytes: spawned, by value); its end record if it raises."""
     import torch.distributed as dist
 
     from workshop_lib.debug import hangwatch
     from workshop_lib.debug.launchenv import read_launch_env
     from workshop_lib.launching import joining
 
-    # In a Jupyter kernel sys.stdout is the kernel's stream, which would relay every rank's
-    # characters interleaved into the cell: each rank writes to its own file instead.
     launch = read_launch_env()
-    log = open(Path(log_dir) / f"rank{launch.rank}.log", "w", buffering=1)  # noqa: SIM115 (lives as long as the rank)
-    os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the kernel gave it
-        faulthandler.enable(file=log)
     shipped = isinstance(fn, bytes)
-    if shipped:  # after the redirection: a function that cannot be rebuilt here says why in this rank's log
+    if shipped:  # a function that cannot be rebuilt here says why in this rank's log
         fn, args = spawning.unpack(fn)
-    # A forked rank must not resolve host names. If another thread of the kernel held glibc's resolver lock
-    # at the fork, the child inherits it locked, and its first getaddrinfo waits forever. So: a file store
-    # instead of TCP, and gloo on the loopback interface by name (getifaddrs), not by this host's name.
-    # (All ranks are on this machine, so a file store and the loopback serve a spawned rank as well.)
-    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
-    if loopback:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     env = None  # backend None: fn joins a group itself (a learner's setup, through torchrun's variables)
     if backend is not None:
-        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
+        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)  # no host name to resolve (ranks.py)
         env = joining.join(backend, timeout, store=store)
     if hang_after is not None and backend is not None:  # a collective waiting this long: the watch writes who never
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))  # arrived
@@ -92,45 +78,25 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
         return result
     except BaseException as err:
         traceback.print_exc()  # into this rank's log: the error names the file
-        _record_failure(log_dir, launch.rank, err)  # its one line, for the launch's error
+        (Path(log_dir) / f"rank{launch.rank}.end").write_text(json.dumps(ends.record(launch.rank, err)))
         raise
     finally:
         hangwatch.detach()  # its last answer: this rank left (a forked rank ends without running atexit)
         joining.leave()
-        log.flush()
+        sys.stdout.flush()
 
 
-def _record_failure(log_dir: str, rank: int, err: BaseException) -> None:
-    """In a failing rank: 'rank R raised X: message (File ..., line N, in f)' at the learner's innermost line."""
-    from workshop_lib.debug import frames
-
-    stack = traceback.extract_tb(err.__traceback__)
-    last = frames.raised_at(err) or (stack[-1] if stack else None)  # the learner's line, not torch's inside it
-    where = f' (File "{last.filename}", line {last.lineno}, in {last.name})' if last else ""
-    line = f"rank {rank} raised {type(err).__name__}: {first_line(err, 10_000) or '?'}{where}"
-    (Path(log_dir) / f"rank{rank}.error").write_text(json.dumps({"line": line, "detail": str(err)[:4000],
-                                                                 "time": time.time()}))
-
-
-def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[tuple[float, str, str]]:
-    """Every rank that raised or died, the first to fail first: (when, its line, torch's whole message).
-
-    A rank that raised recorded its line and the time (:func:`_record_failure`); one that died without a Python error
-    (killed, aborted in C++, ``os._exit``) is named by its exit code and its log's last lines, at the time its log
-    was last written. A peer's "Connection reset by peer" so comes after the death that caused it."""
-    ended = {}
-    for path in log_dir.glob("rank*.error"):
-        record = json.loads(path.read_text())
-        ended[int(path.stem[4:])] = (record.get("time", path.stat().st_mtime), record["line"], record["detail"])
+def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[dict]:
+    """Every rank that raised or died, the first to fail first: its own record (:func:`ends.record`), else, for a rank
+    that died without one, :func:`ends.killed` at the time its log was last written (a peer's "Connection reset by
+    peer" so comes after the death that caused it)."""
+    found = {int(path.stem[4:]): json.loads(path.read_text()) for path in log_dir.glob("rank*.end")}
     for rank, code in failed.items():
-        if rank in ended:
-            continue
         log = log_dir / f"rank{rank}.log"
-        text = log.read_text(errors="replace") if log.is_file() else ""
-        said = last_lines(text)
-        ended[rank] = (log.stat().st_mtime if log.is_file() else time.time(),
-                       f"rank {rank} {exit_said(code)} without a Python error{said}", said.split(": ", 1)[-1])
-    return [ended[rank] for rank in sorted(ended, key=lambda rank: (ended[rank][0], rank))]
+        if rank not in found:
+            found[rank] = ends.killed(rank, code, log.read_text(errors="replace") if log.is_file() else "",
+                                      log.stat().st_mtime if log.is_file() else time.time())
+    return sorted(found.values(), key=lambda end: (end["time"], end["rank"]))
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str | None = "gloo",
@@ -153,21 +119,28 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
         fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
     ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
-                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method)
+                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method,
+                  {r: str(Path(log_dir) / f"rank{r}.log") for r in range(nprocs)})
     try:
         try:
-            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see _rank_main)
+            gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see ranks._run)
             ranks.start()  # from here to ranks.stop(), the stop button kills every rank, then raises (ranks.py)
-            done = _wait(ranks, name, timeout, log_dir, hang_after)
+            done = ranks.wait(functools.partial(_why_stop, ranks, time.monotonic() + timeout, log_dir, hang_after), 0.02)
         finally:
             ranks.stop()
             gc.unfreeze()
     except KeyboardInterrupt:  # the stop button, wherever it landed: every rank is gone by now
         raise KeyboardInterrupt(f"notebook_launch of {name} interrupted; every rank stopped") from None
+    record = Path(log_dir) / "hang.json"
+    if done == "timeout":
+        raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"], log_dir),
+                            [{"rank": r, "how": "timed out", "time": time.time()} for r in range(nprocs)])
+    if isinstance(done, str):  # the watch saves its block whole, after printing it
+        raise HangError(_report(name, [f"the ranks hang: {done}"], log_dir), ends.waiting(hangreport.load(record)),
+                        done, record)
     if done.failed:
         ended = _ended(Path(log_dir), done.failed)
-        lines, details = [line for _, line, _ in ended], [detail for _, _, detail in ended]
-        raise RanksFailed(_report(name, lines, log_dir), lines, details)
+        raise RanksFailed(_report(name, list(map(ends.summary, ended)), log_dir), ended)
     shown = _rank_logs(log_dir).get(0, "")
     if shown:
         print(shown, end="" if shown.endswith("\n") else "\n", flush=True)
@@ -176,39 +149,15 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     return [pickle.loads(v) for v in values] if method == "spawn" else values
 
 
-def _wait(ranks: Ranks, name: str, timeout: float, log_dir: str, hang_after: float | None):
-    """Poll the ranks until they are done, the time is up, or the watch has named a hang (then stop them)."""
-    from workshop_lib.debug import hangreport
+def _why_stop(ranks: Ranks, deadline: float, log_dir: str, hang_after: float | None) -> str | None:
+    """"timeout" once the time is up (where each rank was saved first, as ``diagnose`` shows it), or the watch's line
+    once it has named a hang."""
+    from workshop_lib.debug import stacks
 
-    deadline = time.monotonic() + timeout
-    while (done := ranks.poll()) is None:
-        if time.monotonic() > deadline:
-            _dump_stacks(Path(log_dir) / "stacks.log")  # where each rank was, before they are killed
-            ranks.stop()
-            raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"],
-                                        log_dir))
-        hang = hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
-        if hang:  # the watch saves its block whole, after printing it
-            ranks.stop()
-            raise HangError(_report(name, [f"the ranks hang: {hang}"], log_dir), hang, Path(log_dir) / "hang.json")
-        time.sleep(0.02)
-    return done
-
-
-def _dump_stacks(path: Path) -> None:
-    """Where each rank is stuck, before the launcher kills them: py-spy's dump of every child, native frames too."""
-    import psutil
-
-    from workshop_lib.debug.stacks import pyspy_dump
-
-    parts = []
-    for child in psutil.Process().children(recursive=True):  # the ranks, and any process a rank started
-        try:
-            done = pyspy_dump(child.pid, native=True, timeout=15)
-            parts.append(f"----- pid {child.pid}\n{done.stdout}{done.stderr}")
-        except (OSError, subprocess.TimeoutExpired, psutil.Error) as err:
-            parts.append(f"----- pid {child.pid}: no stack ({err})")
-    path.write_text("\n".join(parts) or "no child processes left")
+    if time.monotonic() > deadline:
+        (Path(log_dir) / "stacks.log").write_text(stacks.side_by_side(stacks.stacks(ranks.pids()), width=60))
+        return "timeout"
+    return hangreport.missing_rank(Path(log_dir) / "hang.json") if hang_after is not None else None
 
 
 def _rank_logs(log_dir: str) -> dict[int, str]:
@@ -222,6 +171,6 @@ def _report(name: str, failures: list[str], log_dir: str) -> str:
     parts = [f"===== rank {rank}\n{text}" for rank, text in sorted(_rank_logs(log_dir).items())]
     stacks = Path(log_dir) / "stacks.log"
     if stacks.is_file():  # after a timeout: where every process was
-        parts.append(f"===== stacks at the timeout (py-spy dump --native)\n{stacks.read_text(errors='replace')}")
+        parts.append(f"===== stacks at the timeout\n{stacks.read_text(errors='replace')}")
     path.write_text("\n".join(parts))
     return "\n".join([f"notebook_launch of {name} failed:", *failures, f"every rank's output: {path}"])

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
+from workshop_lib.launching import ends
 from workshop_lib.launching.processes import kill_tree
 from workshop_lib.paths import lab_root
 
@@ -268,44 +269,24 @@ def _interrupted(out_dir: Path | None) -> str:
     return "interrupted: every rank stopped"
 
 
-def _failure(what: str, output: Sequence[str], ends: Sequence[str] = ()) -> str:
-    """How each rank ended (:func:`rank_ends`), then the ranks' last lines; torchrun's own only if the ranks said
-    nothing."""
+def _failure(what: str, output: Sequence[str], ended: Sequence[dict] = ()) -> str:
+    """How each rank ended (:func:`rank_ends`, a line each), then the ranks' last lines; torchrun's own only if the
+    ranks said nothing."""
     ranks = [line for line in output if line.startswith("[rank ")]
     tail = ranks[-TAIL_LINES:] or output[-TAIL_LINES:]
-    ended = "".join(f"\n{line}" for line in ends)
+    said = "".join(f"\n{ends.summary(end)}" for end in ended)
     if not tail:
-        return f"torchrun {what}{ended}; no rank printed anything"
-    return f"torchrun {what}{ended}\nLast lines:\n" + "\n".join(tail)
+        return f"torchrun {what}{said}; no rank printed anything"
+    return f"torchrun {what}{said}\nLast lines:\n" + "\n".join(tail)
 
 
 # torchrun's summary of the failed workers (torch.distributed.elastic.multiprocessing.errors' template):
 # "  rank      : 1 (local_rank: 1)", then "  exitcode  : -6 (pid: 123) (SIGABRT)".
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: \d+\)")
-_FAULTHANDLER = re.compile(r"^Fatal Python error: ", re.MULTILINE)  # where faulthandler's dump of the stacks starts
-
-
-def exit_said(code: int | None) -> str:
-    """How a process ended that raised no Python error: 'died of SIGABRT (exit code -6)', 'exited with code 3'."""
-    if code is None:
-        return "ended"
-    if code < 0:
-        try:
-            return f"died of {signal.Signals(-code).name} (exit code {code})"
-        except ValueError:
-            return f"died of signal {-code} (exit code {code})"
-    return f"exited with code {code}"
-
-
-def last_lines(text: str, count: int = 3) -> str:
-    """'; its last lines: a | b | c' of a rank's output, before faulthandler's dump of its stacks (if any)."""
-    lines = [line.strip() for line in _FAULTHANDLER.split(text, 1)[0].splitlines() if line.strip()][-count:]
-    return f"; its last lines: {' | '.join(lines)}" if lines else "; it printed nothing"
-
-
-def rank_ends(log_dir: Path, output: Sequence[str]) -> list[str]:
-    """A line per rank of the last attempt that raised or died, the first to fail first (one node: local = global).
+def rank_ends(log_dir: Path, output: Sequence[str]) -> list[dict]:
+    """The end record (:mod:`~.ends`) of each rank of the last attempt that raised or died, the first to fail first
+    (one node: local = global).
 
     From torchrun's ``--log-dir``: a rank's ``error.json`` (its Python error, written by ``@record``), else, for a rank
     torchrun's summary names with an exit code of its own, that code and the last lines of its stderr (an abort in
@@ -321,22 +302,21 @@ def rank_ends(log_dir: Path, output: Sequence[str]) -> list[str]:
         elif rank is not None and (m := _SUMMARY_EXIT.match(text)):
             exits[rank], rank = int(m[1]), None
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
-    ends = []
+    found = []
     for folder in attempts[-1].iterdir() if attempts else ():
         if not folder.name.isdigit():
             continue
         rank, error, stderr = int(folder.name), folder / "error.json", folder / "stderr.log"
-        if error.is_file():
+        when = stderr.stat().st_mtime if stderr.is_file() else float("inf")
+        if error.is_file():  # torch's "Type: message" as @record wrote it
             message = json.loads(error.read_text()).get("message", {})
             said = (message.get("message") if isinstance(message, dict) else str(message)) or "?"
-            line = f"rank {rank} raised {said.splitlines()[0][:400]}"
+            kind, _, text = said.splitlines()[0].partition(": ")
+            found.append({"rank": rank, "how": "raised", "type": kind, "message": text[:400], "time": when})
         elif rank in exits and exits[rank] != -signal.SIGTERM:
-            text = stderr.read_text(errors="replace") if stderr.is_file() else ""
-            line = f"rank {rank} {exit_said(exits[rank])} without a Python error{last_lines(text)}"
-        else:
-            continue
-        ends.append((stderr.stat().st_mtime if stderr.is_file() else float("inf"), rank, line))
-    return [line for _, _, line in sorted(ends)]
+            found.append(ends.killed(rank, exits[rank], stderr.read_text(errors="replace") if stderr.is_file() else "",
+                                     when))
+    return sorted(found, key=lambda end: (end["time"], end["rank"]))
 
 
 def free_port() -> int:

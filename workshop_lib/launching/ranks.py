@@ -13,12 +13,16 @@ no signal handler, and ``ProcessContext.join`` would wait 30 s after SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import gc
 import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,11 +96,30 @@ def _restore(sig: int, handler) -> None:
     signal.signal(sig, handler if handler is not None else signal.SIG_DFL)  # None: set outside Python
 
 
-def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], folder: str) -> None:
-    """What each rank runs: its variables, ``entry(*args[index])``, its result into ``folder`` (pickled)."""
+def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], folder: str,
+         logs: dict[int, str] | None) -> None:
+    """What each rank runs: its variables, its output into its own log (``logs``), ``entry(*args[index])``, its result
+    into ``folder`` (pickled)."""
+    # Objects inherited from the parent are the parent's: were this rank's garbage collector to free a cycle of them
+    # (an earlier launch's store, agent or process group, held by a traceback), their C++ destructors would run here,
+    # without the threads they belong to, and crash the rank (a SIGSEGV "Garbage-collecting", seen).
+    gc.freeze()
     for sig in _STOPS:  # a forked rank inherits the launcher's held stop: here a stop ends it as it would any program
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     os.environ.update(envs[index])
+    # A forked rank must not resolve host names: if another thread of the parent held glibc's resolver lock at the
+    # fork, the child inherits it locked, and its first getaddrinfo waits forever. So gloo on the loopback interface
+    # by name (getifaddrs), not by this host's name (all ranks are on this machine: a spawned rank too).
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
+    if loopback:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    if logs:  # in a Jupyter kernel sys.stdout relays every rank's characters, interleaved, into the cell
+        log = open(logs[index], "a", buffering=1)  # noqa: SIM115 (lives as long as the rank)
+        os.dup2(log.fileno(), 1)  # C-level writes too (warnings from native code)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the parent gave it
+            faulthandler.enable(file=log)
     result = entry(*args[index])
     Path(folder, f"result{index}.tmp").write_bytes(pickle.dumps(result))
     os.replace(Path(folder, f"result{index}.tmp"), Path(folder, f"result{index}"))
@@ -111,14 +134,16 @@ class Result:
 
 
 class Ranks:
-    """``entry(*args[r])`` in ``len(args)`` processes, ``envs[r]`` added to each one's environment.
+    """``entry(*args[r])`` in ``len(args)`` processes, ``envs[r]`` added to each one's environment, its output into
+    the file ``logs[r]`` (if given).
 
     Call :meth:`start` inside the ``try`` whose ``finally`` calls :meth:`stop`. In between, SIGINT (the stop
     button, Ctrl-C) kills every rank and raises KeyboardInterrupt; :meth:`stop` gives SIGINT back to the caller.
     """
 
-    def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str):
-        self.entry, self.args, self.envs, self.method = entry, args, envs, method
+    def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str,
+                 logs: dict[int, str] | None = None):
+        self.entry, self.args, self.envs, self.method, self.logs = entry, args, envs, method, logs
         self._processes: list = []
         self._context = None
         self._dir = tempfile.mkdtemp(prefix="ranks-")  # each rank's result
@@ -129,8 +154,8 @@ class Ranks:
 
         self._button.take()
         with self._button.held():  # a press during the forks: honoured once every rank is known
-            self._context = mp.start_processes(_run, (self.entry, self.args, self.envs, self._dir), len(self.args),
-                                               join=False, start_method=self.method)
+            self._context = mp.start_processes(_run, (self.entry, self.args, self.envs, self._dir, self.logs),
+                                               len(self.args), join=False, start_method=self.method)
             self._processes = list(self._context.processes)
 
     def pids(self) -> dict[int, int]:
@@ -146,6 +171,16 @@ class Ranks:
         if len(ended) < len(self._processes):
             return None
         return Result(values={r: pickle.loads(Path(self._dir, f"result{r}").read_bytes()) for r in ended})
+
+    def wait(self, why_stop: Callable[[], str | None], every: float) -> Result | str:
+        """Poll every ``every`` s until the ranks are done (how they ended) or ``why_stop()`` names a reason to stop
+        them (then they are killed, and the reason returned)."""
+        while (done := self.poll()) is None:
+            if reason := why_stop():
+                self.stop()
+                return reason
+            time.sleep(every)
+        return done
 
     def stop(self) -> None:
         """Kill the ranks that are left, and what they started, reap them, give SIGINT back; safe to call twice."""

@@ -1,4 +1,4 @@
-"""The hang labs' runs, without starting processes: the lab's cells, the failure lines and tracebacks, torch's error."""
+"""The hang labs' runs, without starting processes: the lab's cells, the ranks' end records, torch's error."""
 
 from __future__ import annotations
 
@@ -12,54 +12,35 @@ from workshop_lib.checks import hang_runs
 from workshop_lib.errors import WorkshopError
 from workshop_lib.paths import lab_root
 
+CODE = "loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)"
+DETAIL = ("Expected to have finished reduction in the prior iteration before starting a new one. You can enable "
+          "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to ...\n"
+          "Parameter indices which did not receive grad for rank 0: 13 14\n"
+          " In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL")
+RAISED = {"rank": 0, "how": "raised", "type": "RuntimeError", "message": DETAIL.splitlines()[0], "detail": DETAIL,
+          "file": "train-cell", "line": 17, "function": "train", "time": 2.0, "frames": [
+              ["/x/workshop_lib/launching/forklaunch.py", 80, "_rank_main", "result = fn(env, *args)"],
+              ["train-cell", 17, "train", CODE + "  # the loss"],
+              ["/repo/workshop_lib/debug/collectives.py", 78, "collective", "return fn(*args, **kwargs)"],
+              ["/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", 1775, "_pre_forward",
+               "if torch.is_grad_enabled() and self.reducer._rebuild_buckets():"]]}
+KILLED = {"rank": 1, "how": "killed", "code": -15, "signal": "SIGTERM", "time": 3.0, "detail": ""}
 
-def test_each_ranks_error_is_read_from_the_launchs_failure_lines():
-    message = ("notebook_launch of _rank failed:\n"
-               "rank 0 raised RuntimeError: Expected to have finished reduction in the prior iteration before starting "
-               "a new one. This error indicates ... (File \"x.py\", line 3, in f)\n"
-               "rank 1 failed with exit code -15\nevery rank's output: /tmp/x/all.log")
-    assert hang_runs._errors(message) == {
+
+def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_end_record():
+    run = hang_runs._failed("hanglab5", [RAISED, KILLED], started=1.0)
+    assert run.errors == {
         0: "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one",
         1: "exit code -15"}
-
-
-ALL_LOG = """===== rank 0
-Traceback (most recent call last):
-  File "/x/forklaunch.py", line 80, in _rank_main
-    return fn(env, *args)
-  File "train-cell", line 17, in train
-    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)
-  File "/repo/workshop_lib/debug/collectives.py", line 78, in collective
-    return fn(*args, **kwargs)
-           ^^^^^^^^^^^^^^^^^^^
-  File "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 1775, in _pre_forward
-    if torch.is_grad_enabled() and self.reducer._rebuild_buckets():
-RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. You can enable \
-unused parameter detection by passing the keyword argument `find_unused_parameters=True` to ...
-Parameter indices which did not receive grad for rank 0: 13 14
- In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL
-
-===== rank 1
-hangwatch: nothing to say
-===== torch's launcher
-2026-12-04 INFO torch.distributed.elastic: ...
-"""
-
-
-def test_where_each_rank_raised_and_its_whole_error_come_from_every_ranks_output():
-    linecache.cache["train-cell"] = (1, None, [f"line {i}\n" for i in range(1, 17)] + [
-        "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)  # the loss\n"], "train-cell")
-    raised, messages = hang_runs.tracebacks(ALL_LOG)
-    assert raised == {0: (17, "loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",
-                          ("_pre_forward",))}  # the functions below train(), the watch's wrapper left out
-    assert messages[0].splitlines()[:4] == [  # from train() down, torch's paths from torch/
+    assert run.raised == {0: (17, CODE, ("_pre_forward",))}  # the functions below train(), the watch's wrapper left out
+    assert run.messages[0].splitlines()[:4] == [  # from train() down, torch's paths from torch/
         '  File "train-cell", line 17, in train',
-        "    loss = F.binary_cross_entropy_with_logits(model(tokens, lengths), labels)",
+        f"    {CODE}  # the loss",
         '  File "torch/nn/parallel/distributed.py", line 1775, in _pre_forward',
         "    if torch.is_grad_enabled() and self.reducer._rebuild_buckets():"]
-    assert messages[0].splitlines()[4].startswith("RuntimeError: Expected to have finished reduction")
-    assert messages[0].endswith("either INFO or DETAIL")  # whole: torch's hint and the indices kept
-    assert "find_unused_parameters=True" in messages[0] and "for rank 0: 13 14" in messages[0]
+    assert run.messages[0].splitlines()[4].startswith("RuntimeError: Expected to have finished reduction")
+    assert run.messages[0].endswith("either INFO or DETAIL")  # whole: torch's hint and the indices kept
+    assert "find_unused_parameters=True" in run.messages[0] and "for rank 0: 13 14" in run.messages[0]
 
 
 def test_torchs_own_error_is_each_ranks_last_line_of_the_script_and_its_error():

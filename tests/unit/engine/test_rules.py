@@ -80,7 +80,7 @@ def rank_events(rank: int) -> list[dict]:
     if rank == 0:
         events.append(ev("save", SAVE, path="/tmp/out/model.pt", keys=["embed.weight", "forward_lstm.weight_ih_l0"],
                          rank=0, epoch=None))
-    return [*events, ev("destroy", DESTROY), ev("end", None, left_group=True, how="ok")]
+    return [*events, ev("destroy", DESTROY), ev("end", None, left_group=True, how="returned")]
 
 
 def good_run() -> Run:
@@ -170,22 +170,22 @@ def test_step_1_wants_every_epoch_trained():
 
 
 @pytest.mark.parametrize(("run", "expected"), [
-    (ended(good_run(), 1, how="error", error="NotImplementedError", message="fill in the TODO above", at=60),
+    (ended(good_run(), 1, how="raised", type="NotImplementedError", message="fill in the TODO above", line=60),
      "a TODO is still open (line 60): fill it in (its line raises NotImplementedError)"),
-    (ended(good_run(), 0, how="exit", code=2, message="unrecognized arguments: --fast", at=None),
+    (ended(good_run(), 0, how="exit", code=2, message="unrecognized arguments: --fast", line=None),
      "rank 0 stopped with exit code 2: unrecognized arguments: --fast"),
-    (ended(changed({"kind": "init"}, drop=True), 0, how="error", error="ValueError", at=line("dist.get_rank(),"),
+    (ended(changed({"kind": "init"}, drop=True), 0, how="raised", type="ValueError", line=line("dist.get_rank(),"),
            message="Default process group has not been initialized, please make sure to call init_process_group."),
      f"rank 0 used the process group before joining it (torch: Default process group has not been initialized) "
      f"(line {line('dist.get_rank(),')}): call dist.init_process_group first (in setup)"),
-    (ended(changed({"kind": "init"}, drop=True), 0, how="error", error="ValueError", at=SAMPLER,
+    (ended(changed({"kind": "init"}, drop=True), 0, how="raised", type="ValueError", line=SAMPLER,
            message="Default process group has not been initialized, please make sure to call init_process_group."),
      f"the DistributedSampler (line {SAMPLER}) was built before the process group existed"),
     (changed({"kind": "destroy"}, drop=True, on=(1,), run=changed({"kind": "collective"}, drop=True, on=(1,),
                                                                    run=changed({"kind": "init"}, drop=True, on=(1,)))),
      "rank 1 never called dist.init_process_group: the processes never formed a group"),  # nor used one
-    (ended(changed({"kind": "init", "phase": "enter"}, {"backend": "nccl"}), 0, how="error", error="RuntimeError",
-           message="ProcessGroupNCCL is only supported with GPUs, no GPUs found!", at=INIT),
+    (ended(changed({"kind": "init", "phase": "enter"}, {"backend": "nccl"}), 0, how="raised", type="RuntimeError",
+           message="ProcessGroupNCCL is only supported with GPUs, no GPUs found!", line=INIT),
      f"rank 0 joined with backend nccl (line {INIT}) on a machine without GPUs: use the backend of the device, gloo "
      "for CPU tensors"),
     (changed({"kind": "init", "phase": "enter"}, {"given_rank": 0}),
@@ -211,17 +211,17 @@ def test_the_totals_all_reduce_is_not_check_all_reduces():
 
 
 def test_a_crash_is_named_with_its_line_and_the_peer_that_lost_it_is_not():
-    lost = ended(good_run(), 0, how="error", error="RuntimeError", at=GATHER,
+    lost = ended(good_run(), 0, how="raised", type="RuntimeError", line=GATHER,
                  message="[pair.cc:553] Connection closed by peer [127.0.0.1]:4242")
     assert rules.crashed(case(lost)) is None
-    both = ended(lost, 1, how="error", error="KeyError", message="'smiles'", at=40)
+    both = ended(lost, 1, how="raised", type="KeyError", message="'smiles'", line=40)
     assert rules.crashed(case(both)) == "rank 1 raised KeyError (line 40): 'smiles'"
 
 
 def test_a_crash_on_a_value_only_a_rank_condition_sets_names_the_condition():
     """The report lines moved out of `if rank == 0:`: report is None on rank 1 (``... if rank == 0 else None``)."""
     at = line("report.epoch(")
-    run = ended(good_run(), 1, how="error", error="AttributeError", at=at,
+    run = ended(good_run(), 1, how="raised", type="AttributeError", line=at,
                 message="'NoneType' object has no attribute 'epoch'")
     assert rules.crashed(case(run)) == (
         f"rank 1 raised AttributeError (line {at}): 'NoneType' object has no attribute 'epoch'; report is None on rank "
@@ -230,7 +230,7 @@ def test_a_crash_on_a_value_only_a_rank_condition_sets_names_the_condition():
 
 
 def test_a_file_loaded_before_its_save_asks_for_a_barrier():
-    run = ended(good_run(), 1, how="error", error="FileNotFoundError", at=120,
+    run = ended(good_run(), 1, how="raised", type="FileNotFoundError", line=120,
                 message="[Errno 2] No such file or directory: '/tmp/out/model.pt'")
     assert rules.crashed(case(run)) == (f"rank 1 loaded model.pt (line 120) before rank 0 had saved it (line {SAVE}; "
                                         "FileNotFoundError): put dist.barrier() after the save, before any rank loads "
@@ -238,7 +238,7 @@ def test_a_file_loaded_before_its_save_asks_for_a_barrier():
 
 
 def test_a_crash_torch_explains_gets_the_cause_and_the_fix_from_the_one_table():
-    run = ended(good_run(), 0, how="error", error="ValueError", at=WRAP,
+    run = ended(good_run(), 0, how="raised", type="ValueError", line=WRAP,
                 message="DistributedDataParallel device_ids and output_device arguments only work with single-device/"
                         "multiple-device GPU modules or CPU modules, but got device_ids [0], output_device None")
     assert rules.crashed(case(run)).endswith("but got device_ids [0], output_device None; device_ids names a GPU, "

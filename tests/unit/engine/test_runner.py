@@ -34,7 +34,7 @@ def test_each_rank_runs_the_item_as_given_and_the_pair_ends(method, monkeypatch,
     said = [json.loads(line) for line in run.output.splitlines() if line.startswith("{")]
     assert sorted(s["rank"] for s in said) == ["0", "1"] and {s["threads"] for s in said} == {1}, said
     assert {s["cwd"] for s in said} == {str(lab_root())}
-    assert [e[-1]["kind"] + " " + e[-1]["how"] for e in run.ranks.values()] == ["end ok", "end ok"], run.ranks
+    assert [e[-1]["kind"] + " " + e[-1]["how"] for e in run.ranks.values()] == ["end returned", "end returned"], run.ranks
     assert [p.exitcode for p in started[0]._processes] == [0, 0]
 
 
@@ -53,4 +53,4 @@ def test_each_run_gets_fresh_ranks_so_one_scripts_groups_never_reach_the_next(tm
     first, second = (runner.Item(script, [], tmp_path / name) for name in ("first", "second"))
     runs = [runner.run(first), runner.run(second)]
     assert [r.stopped for r in runs] == [None, None], runs[-1].output
-    assert [r.ranks[0][-1]["how"] for r in runs] == ["ok", "ok"], runs[-1].output
+    assert [r.ranks[0][-1]["how"] for r in runs] == ["returned", "returned"], runs[-1].output

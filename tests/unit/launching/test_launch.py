@@ -19,7 +19,7 @@ import torch.distributed as dist
 from tests.conftest import SOLUTIONS
 from tests.reliability import pyspy_attaches, still_alive
 from workshop_lib.errors import WorkshopError
-from workshop_lib.launching import forklaunch, launch, spawning
+from workshop_lib.launching import ends, forklaunch, launch, spawning
 
 SCRIPT = """
 import argparse, json, os, sys, time
@@ -179,10 +179,11 @@ def _hang_on_rank1(env):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_notebook_launch_times_out_and_keeps_where_each_rank_was():
-    with pytest.raises(launch.LaunchError, match="did not finish within 5s") as err:
+    with pytest.raises(forklaunch.LaunchTimeout, match="did not finish within 5s") as err:
         forklaunch.notebook_launch(_hang_on_rank1, 2, timeout=5)
+    assert [(e["rank"], e["how"]) for e in err.value.ends] == [(0, "timed out"), (1, "timed out")]
     all_log = Path(str(err.value).rsplit("every rank's output: ", 1)[1].strip())
-    stacks = all_log.read_text().split("===== stacks at the timeout (py-spy dump --native)\n", 1)
+    stacks = all_log.read_text().split("===== stacks at the timeout\n", 1)
     assert len(stacks) == 2, all_log.read_text()[-2000:]
     if pyspy_attaches():  # rank 1's stack names the function it is stuck in
         assert "_hang_on_rank1" in stacks[1], stacks[1][-3000:]
@@ -202,6 +203,9 @@ def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early(
     with pytest.raises(forklaunch.HangError) as err:
         forklaunch.notebook_launch(_all_reduce_on_rank0_only, 2, timeout=100, hang_after=2)
     # HangError comes only from the watch's saved record (a timeout raises LaunchTimeout): no time window needed
+    waited = [(e["rank"], e["how"], e["call"], e["function"]) for e in err.value.ends]  # each rank's end, as fields
+    assert waited == [(0, "waiting", "all_reduce #1", "_all_reduce_on_rank0_only"),
+                      (1, "waiting", None, "_all_reduce_on_rank0_only")], err.value.ends
     assert err.value.diagnosis.startswith("rank 0 waits in all_reduce #1 (called at ")
     assert "in _all_reduce_on_rank0_only()); rank 1 never joined it: it is in _all_reduce_on_rank0_only() at " \
         in err.value.diagnosis
@@ -520,13 +524,14 @@ def _join_on_rank1_only(env):
 def test_a_rank_that_dies_in_cpp_is_named_first_with_its_signal_and_last_lines_then_its_peers_echo():
     with pytest.raises(forklaunch.RanksFailed) as err:
         forklaunch.notebook_launch(_join_on_rank1_only, 2, timeout=60)
-    died, echo = err.value.failures
+    died, echo = map(ends.summary, err.value.ends)
     # rank 1's Join all-reduces a count where rank 0's DDP all-reduces the gradients: gloo aborts in C++
     assert died.startswith("rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: "), died
     assert "gloo::EnforceNotMet" in died and "Is there a distributed collective mismatch" in died, died
     assert echo.startswith("rank 0 raised RuntimeError: ") and "peer" in echo, echo  # the survivor, after it
     assert str(err.value).splitlines()[1:3] == [died, echo]
-    assert "collective mismatch" in err.value.details[0]
+    assert err.value.ends[0]["how"] == "killed" and err.value.ends[0]["signal"] == "SIGABRT"
+    assert "collective mismatch" in err.value.ends[0]["detail"]
 
 
 JOIN_ON_ONE_RANK = """

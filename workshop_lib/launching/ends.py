@@ -1,0 +1,77 @@
+"""How each rank ended, as one record that verdicts read (never its text): :func:`record` in the rank; :func:`killed`
+by the launcher for a rank that left none, :func:`waiting` for a hang, "timed out" past the launch's timeout;
+:func:`summary` the one line that says any of them."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import traceback
+
+from workshop_lib.errors import first_line
+
+_FAULTHANDLER = re.compile(r"^Fatal Python error: ", re.MULTILINE)  # where faulthandler's dump of the stacks starts
+
+
+def record(rank: int, err: BaseException | None, within: str | None = None) -> dict:
+    """How rank ``rank``'s code ended: ``returned``; ``exit`` (a non-zero SystemExit: its ``code``); ``raised`` (its
+    ``type``, ``detail``: torch's whole message, capped, where it names what it means). ``message``: the first line.
+    ``file``, ``line``, ``function``: the learner's innermost frame (else the innermost; ``within`` a file: that
+    file's, a script's own). ``frames``: the traceback's innermost, [file, line, function, code]."""
+    from workshop_lib.debug import frames
+
+    if err is None or (isinstance(err, SystemExit) and err.code in (None, 0)):
+        return {"rank": rank, "how": "returned", "time": time.time()}
+    stack = traceback.extract_tb(err.__traceback__)
+    mine = [f for f in stack if f.filename == within] if within else frames.users(stack, core_is_library=True)
+    at = mine[-1] if mine else None if within or not stack else stack[-1]  # a frame of no file: a cell of its own
+    end = {"rank": rank, "how": "raised", "type": type(err).__name__, "message": first_line(err, 300),
+           "detail": str(err)[:4000], "file": at and at.filename, "line": at and at.lineno,
+           "function": at and at.name, "time": time.time(),
+           "frames": [[f.filename, f.lineno, f.name, (f.line or "").strip()] for f in stack[-40:]]}
+    if isinstance(err, SystemExit):
+        code = err.code if isinstance(err.code, int) else 1
+        end.update(how="exit", code=code, message=(getattr(err, "message", None) or str(err.code))[:300])
+    return end
+
+
+def killed(rank: int, code: int | None, output: str, when: float) -> dict:
+    """A rank that ended without a record (killed, aborted in C++, ``os._exit``): its exit code, the signal that
+    ended it (a negative code), and the last lines of its ``output``, before faulthandler's dump of its stacks."""
+    lines = [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
+    try:
+        died = signal.Signals(-code).name if code is not None and code < 0 else None
+    except ValueError:
+        died = f"signal {-code}"
+    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when, "detail": " | ".join(lines)}
+
+
+def waiting(blocks: list[dict]) -> list[dict]:
+    """Each rank's end in a hang, from the first block that the hang watch saved where a rank waits for another: the
+    call it waited in (None: in no collective), at its innermost frame of the learner's."""
+    block = next((b for b in blocks if b["waiting_for"]), {"answers": {}})
+    found = []
+    for rank, answer in sorted(block["answers"].items(), key=lambda item: int(item[0])):
+        call, (file, line, function, _) = answer.get("current") or {}, (answer.get("frames") or [[None] * 4])[-1]
+        found.append({"rank": int(rank), "how": "waiting", "call": f"{call['op']} #{call['seq']}" if call else None,
+                      "file": file, "line": line, "function": function, "time": time.time()})
+    return found
+
+
+def summary(end: dict) -> str:
+    """The one line of an end record: 'rank 1 raised ValueError: why (File "f", line 3, in g)', 'rank 0 exited with
+    code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'."""
+    rank, how, code = end["rank"], end["how"], end.get("code")
+    where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") else ""
+    if how == "raised":
+        return f"rank {rank} raised {end['type']}" + (f": {end['message']}" if end.get("message") else "") + where
+    if how == "exit":
+        return f"rank {rank} exited with code {code}: {end['message']}{where}"
+    if how in ("waiting", "timed out"):
+        return f"rank {rank} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
+                                  how == "waiting" else "did not finish in time") + where
+    died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
+            f"exited with code {code}" if code is not None else "ended")
+    said = f"; its last lines: {end['detail']}" if end.get("detail") else "; it printed nothing"
+    return f"rank {rank} {died} without a Python error{said}"

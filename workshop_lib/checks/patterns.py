@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from workshop_lib.debug import collectives
 from workshop_lib.engine.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
-from workshop_lib.engine.recorder import Recorder
+from workshop_lib.engine.recorder import Collectives, Recorder
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -18,8 +19,8 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
-    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened (the
+    backward() calls that all-reduced, from the record)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workshop_lib.model import SmilesLSTM
@@ -27,21 +28,14 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
     torch.manual_seed(0)
     model = DDP(SmilesLSTM(vocab, dropout=0.0))  # no dropout: the weights can be compared exactly
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    allreduces = []
-
-    def counting_hook(state, bucket):  # DDP calls it for each bucket it all-reduces
-        if bucket.index() == 0:
-            allreduces.append(1)
-        return default_hooks.allreduce_hook(state, bucket)
-
-    model.register_comm_hook(None, counting_hook)
     try:
-        train_accumulating(model, optimizer, batches_of(env.rank), accum)
+        with recording_allreduces(model) as events:
+            train_accumulating(model, optimizer, batches_of(env.rank), accum)
     except NotImplementedError:
         return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
         return "error", raised(err), None
-    return "ok", len(allreduces), _weights(model.module)
+    return "ok", len({e["backward"] for e in _allreduces(events)}), _weights(model.module)
 
 
 def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
@@ -111,42 +105,26 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
 # ------------------------------------------------------------------ all-reduces, predicted and counted
 
 
-class _AllReduces:
-    """An observer of :mod:`workshop_lib.debug.collectives`: each all_reduce, and the backward() it ran in."""
-
-    def __init__(self, rec: Recorder):
-        self.rec, self.backwards, self.inside = rec, 0, False
-
-    def enter(self, op: str, args: tuple, kwargs: dict) -> str | None:
-        if op == "backward":
-            self.backwards += 1
-            self.inside = True
-        elif op == "all_reduce":
-            self.rec.add("collective", name="all_reduce", phase="enter", backward=self.backwards if self.inside else None)
-        return op
-
-    def leave(self, token: str | None, error: BaseException | None) -> None:
-        if token == "backward":
-            self.inside = False
-
-
 @contextlib.contextmanager
 def recording_allreduces(model) -> Iterator[list[dict]]:
-    """Every all-reduce DDP runs for ``model`` in the block, with its backward()'s number: torch's own
-    ``allreduce_hook`` (which changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
+    """The record of the calls in the block (:class:`~workshop_lib.engine.recorder.Collectives`), where every
+    all-reduce DDP runs for ``model`` is one, with its backward()'s number: torch's own ``allreduce_hook`` (which
+    changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    from workshop_lib.debug import collectives
 
     model.register_comm_hook(None, default_hooks.allreduce_hook)
     rec = Recorder()
-    with collectives.observing(_AllReduces(rec)):
+    with collectives.observing(Collectives(rec)):
         yield rec.events
+
+
+def _allreduces(events: list[dict]) -> list[dict]:
+    return [e for e in events if e.get("name") == "all_reduce" and e.get("phase") == "enter"]
 
 
 def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
     """The learner's prediction against the all-reduces recorded in ``backwards`` backward() calls; never raised."""
-    ran = [e for e in events if e.get("name") == "all_reduce"]
+    ran = _allreduces(events)
     where = ", ".join(str(e["backward"]) for e in ran if e.get("backward")) or "none"
     whole = isinstance(predicted, int) and not isinstance(predicted, bool)
     why = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"

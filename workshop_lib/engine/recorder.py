@@ -143,37 +143,45 @@ class Recorder:
 
 
 class Collectives:
-    """An observer of :mod:`workshop_lib.debug.collectives`: the learner's collectives and backward(), in and out."""
+    """An observer of :mod:`workshop_lib.debug.collectives`: the learner's collectives (what each was given, by
+    :func:`~workshop_lib.debug.collectives.facts`, and the backward() it ran in), the waits on their handles, and
+    backward(), in and out. Alone (``collectives.observing(Collectives(Recorder()))``) it records the calls only."""
 
     def __init__(self, rec: Recorder):
-        self.rec, self.seq = rec, 0
+        self.rec, self.seq, self.backward, self.inside = rec, 0, 0, 0  # backward: entered so far; inside: depth
 
     def enter(self, op: str, args: tuple, kwargs: dict):
         if threading.get_ident() != self.rec.main:
             return None
         if op == collectives.BACKWARD:
             self.rec.backwards += 1
-            self.rec.add("backward", phase="enter")
-            return ("backward", None)
+            self.backward, self.inside = self.backward + 1, self.inside + 1
+            self.rec.add("backward", phase="enter", n=self.backward)
+            return ("backward", None, None)
         if op not in collectives.COLLECTIVES:
             return None
         self.seq += 1
         self.rec.flush_fetched()
-        at = {"all_reduce": 1, "reduce": 2}.get(op)  # where the ReduceOp goes among the positional arguments
-        reduce_op = kwargs.get("op", args[at] if at is not None and len(args) > at else None)
-        first = args[0] if args else kwargs.get("tensor")
-        self.rec.add("collective", name=op, phase="enter", seq=self.seq,
-                     op=str(reduce_op).rsplit(".", 1)[-1] if reduce_op is not None else None, before=_small(first))
-        return (op, first)
+        first = collectives.tensors_of(args, kwargs)
+        self.rec.add("collective", name=op, phase="enter", seq=self.seq, **collectives.facts(op, args, kwargs),
+                     before=_small(first), backward=self.backward if self.inside else None,
+                     data_ptr=first.data_ptr() if isinstance(first, torch.Tensor) else None)
+        return (op, self.seq, first)
 
     def leave(self, token, error: BaseException | None) -> None:
         if token is None:
             return
-        op, first = token
+        op, seq, first = token
         if op == "backward":
+            self.inside -= 1
             self.rec.add("backward", line=False, phase="exit", ok=error is None)
         elif error is None:
-            self.rec.add("collective", line=False, name=op, phase="exit", seq=self.seq, after=_small(first))
+            self.rec.add("collective", line=False, name=op, phase="exit", seq=seq, after=_small(first))
+
+    def waited(self, token, error: BaseException | None) -> None:
+        """The learner waited on the handle of the async collective ``token``."""
+        if threading.get_ident() == self.rec.main:
+            self.rec.add("wait", name=token[0], seq=token[1], ok=error is None)
 
 
 # ----------------------------------------------------------------------------- what is observed

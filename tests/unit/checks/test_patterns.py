@@ -69,14 +69,15 @@ def _count(env, vocab_size: int, use_no_sync: bool):
         for k, b in enumerate(batches_of(env.rank)[:4]):
             with model.no_sync() if use_no_sync and k < 3 else contextlib.nullcontext():
                 F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels).backward()
-    return [e["backward"] for e in seen]
+    return [(e["backward"], e["device"], e["dtype"], e["async_op"]) for e in patterns._allreduces(seen)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_recorder_sees_each_of_ddps_allreduces_and_its_backward():
-    assert forklaunch.notebook_launch(_count, 2, vocab(), True, timeout=90) == [[4], [4]]
-    assert forklaunch.notebook_launch(_count, 2, vocab(), False, timeout=90)[0] == [1, 2, 3, 4]
+    bucket = ("cpu", "float32", True)  # DDP's one bucket, all-reduced through torch's allreduce_hook (async)
+    assert forklaunch.notebook_launch(_count, 2, vocab(), True, timeout=90) == [[(4, *bucket)], [(4, *bucket)]]
+    assert forklaunch.notebook_launch(_count, 2, vocab(), False, timeout=90)[0] == [(k, *bucket) for k in (1, 2, 3, 4)]
 
 
 # ------------------------------------------------------------------- the accumulation loop

@@ -165,7 +165,8 @@ def _tell(seen: list, method: str, error: BaseException | None) -> None:
 
 class Handle:
     """An async collective's work handle as the call returned it, but for ``wait``, which also tells the observers
-    that asked (their ``waited(token, error)``) that the caller waited on it; every other name is the handle's own."""
+    that asked (their ``waited(token, error)``) that the caller waited on it; every other name is the handle's own.
+    Not an instance of ``dist.Work``: only the recorder asks for it, and the workshop's code only waits on handles."""
 
     def __init__(self, work, seen: list):
         self._work, self._seen = work, seen

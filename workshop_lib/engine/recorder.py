@@ -1,11 +1,15 @@
-"""One rank's record: what it read, stepped, evaluated, saved, and which collectives it called; and its readers.
+"""One rank's record: what it read, stepped, evaluated, saved, and which collectives it called; and its readers. The
+one record of calls: the script checker, the cell checks (01's all_reduce, 04a's all-reduce count, 04b's handles) and
+the runs they judge all read it; each collective with what it was given (:func:`~workshop_lib.debug.collectives.facts`,
+as the hang watch describes its calls), the learner's line, the backward() it ran in and the wait on its handle.
 
 :func:`recording` attaches an observer to each public function of :data:`OBSERVED`, the one table of what is watched
 (``unittest.mock.patch.object``), to every collective of :mod:`workshop_lib.debug.collectives` and to
 ``loss.backward()``, and to every optimizer step (torch's step post-hook); each calls through and changes nothing the
-function does, adding no collective. A :class:`Recorder` keeps the events in order (with a prefix, also in
-PREFIX.jsonl, and the parameters after each optimizer step in PREFIX.params); the readers at the end answer how a
-rank left, what it waited in, the replicas' spread and what each loader pass read.
+function does, adding no collective (an async collective's work handle comes back wrapped, so that its wait is seen).
+A :class:`Recorder` keeps the events in order (with a prefix, also in PREFIX.jsonl, and the parameters after each
+optimizer step in PREFIX.params); the readers at the end answer how a rank left, what it waited in, the replicas'
+spread and what each loader pass read.
 
 A workshop script names its splits through :func:`workshop_lib.data.load_splits`; in any other script the dataset of
 the first DistributedSampler, else of the first loader read with gradients on, is the training split, and its class's

@@ -9,7 +9,7 @@ import torch
 
 from workshop_lib.debug import collectives
 from workshop_lib.engine.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
-from workshop_lib.engine.recorder import Collectives, Recorder
+from workshop_lib.engine.recorder import Collectives, Recorder, _of, recording
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -139,38 +139,20 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
 SIXTEEN_BITS = (torch.bfloat16, torch.float16)  # the types torch's autocast computes in (CPU autocast: only these)
 
 
-class _Autocasts:
-    """Each ``torch.autocast`` the learner's code makes: its device type, dtype (None: the device's default), enabled,
-    and the learner's line (:func:`~workshop_lib.debug.frames.caller`)."""
-
-    def __init__(self):
-        self.made: list[dict] = []
-
-    def init(self, real):
-        import inspect
-        import sys
-
-        from workshop_lib.debug import frames
-
-        signature = inspect.signature(real)
-
-        def spy(autocast, *args, **kwargs):
-            given = signature.bind(autocast, *args, **kwargs).arguments
-            at = frames.caller(sys._getframe(1))
-            self.made.append({"device_type": given.get("device_type"), "dtype": given.get("dtype"),
-                              "enabled": given.get("enabled", True), "line": at.lineno if at else None})
-            return real(autocast, *args, **kwargs)
-        return spy
+def _dtype(made: dict) -> torch.dtype:
+    """The dtype an autocast of the record computes in: the one given, else its device's default."""
+    return getattr(torch, made["dtype"]) if made["dtype"] else torch.get_autocast_dtype(made["device_type"])
 
 
 def _autocast_mistake(made: list[dict], device: torch.device, error: Exception | None) -> str | None:
-    """What keeps the learner's autocast from computing in 16 bits on ``device``; None if nothing."""
+    """What keeps the learner's autocast (the record's ``autocast`` events) from computing in 16 bits on ``device``;
+    None if nothing."""
     if not made:
         return ("no torch.autocast ran: run the forward and the loss inside `with torch.autocast(device_type=..., "
                 "dtype=...):`")
     a = made[-1]
     where = f" (line {a['line']})" if a["line"] else ""
-    dtype = a["dtype"] or torch.get_autocast_dtype(a["device_type"])
+    dtype = _dtype(a)
     said = f"torch.autocast(device_type={a['device_type']!r}, dtype={dtype}){where}"
     if a["device_type"] != device.type:
         return (f"{said} on a model on the {device.type.upper()}: autocast acts only on {a['device_type']} ops, so "
@@ -193,7 +175,6 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     forward in 16 bits under ``torch.autocast`` and a float32 loss, or the autocast argument a CPU cannot run, with the
     learner's line. On the CPU only: CUDA initialised in the kernel would stop the notebook's later forked ranks."""
     import warnings
-    from unittest import mock
 
     from workshop_lib import precision
     from workshop_lib.model import SmilesLSTM
@@ -203,17 +184,19 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     model = SmilesLSTM(vocab, dropout=0.0)
     logits = []
     model.head.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
-    watch, error, loss = _Autocasts(), None, None
-    with warnings.catch_warnings(), mock.patch.object(torch.autocast, "__init__", watch.init(torch.autocast.__init__)):
+    rec, error, loss = Recorder(), None, None
+    # The fallback first: its probe of this CPU (an autocast of its own) runs before the learner's code is recorded.
+    with warnings.catch_warnings(), precision.lstm_fallback(device):  # this CPU's limit, not the lesson's
         warnings.simplefilter("ignore")  # torch's warning where autocast disables itself: the verdict says it
         try:
-            with precision.lstm_fallback(device):  # this CPU's limit, not the lesson's: as 04a's cell runs it
+            with recording(rec):
                 loss = autocast_loss(model, batch)
         except NotImplementedError:
             raise CheckFailed(still_todo("autocast_loss")) from None
         except Exception as err:  # judged below, with the autocast that caused it
             error = err
-    wrong = _autocast_mistake(watch.made, device, error)
+    made = _of(rec.events, "autocast")
+    wrong = _autocast_mistake(made, device, error)
     if wrong:
         raise CheckFailed(wrong)
     if error is not None:
@@ -226,7 +209,5 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     if loss.dtype != torch.float32:
         raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
                           f"where autocast keeps losses in float32")
-    made = watch.made[-1]
-    _passed(f"autocast_loss: under torch.autocast(device_type={made['device_type']!r}, dtype="
-            f"{made['dtype'] or torch.get_autocast_dtype(made['device_type'])}) the logits came back {logits[0]} and "
-            f"the loss {loss.dtype}")
+    _passed(f"autocast_loss: under torch.autocast(device_type={made[-1]['device_type']!r}, dtype={_dtype(made[-1])}) "
+            f"the logits came back {logits[0]} and the loss {loss.dtype}")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import threading
@@ -361,6 +362,21 @@ def _evaluate(rec: Recorder, model, loader, *args, **kw) -> None:
     rec.add("evaluate", model=type(model).__name__, split=rec.split_of(getattr(loader, "dataset", None)))
 
 
+def _autocast(rec: Recorder, real):
+    signature = inspect.signature(real)
+
+    def observe(self, *args, **kw):
+        try:
+            given = signature.bind(self, *args, **kw).arguments
+        except TypeError:  # torch's own error says it
+            return real(self, *args, **kw)
+        dtype = given.get("dtype")
+        rec.add("autocast", device_type=given.get("device_type"), enabled=bool(given.get("enabled", True)),
+                dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)  # None: the device's default
+        return real(self, *args, **kw)
+    return observe
+
+
 def _path(f) -> str | None:
     """The file's path: given as one, or the name of an open file (None for a buffer)."""
     name = f if isinstance(f, str | os.PathLike) else getattr(f, "name", None)
@@ -392,6 +408,7 @@ OBSERVED = (
     (F, "binary_cross_entropy_with_logits", _loss),  # each training batch's loss
     (metrics, "evaluate", _before(_evaluate)),
     (torch, "manual_seed", _before(_seed)),  # the seed each rank gave, and where
+    (torch.autocast, "__init__", _autocast),  # each autocast made: device type, dtype (None: the default), enabled
     (report.Reporter, "epoch", _before(_logged)),  # what rank 0 logged of an epoch, and where
     (torch, "save", _before(_save)),
     (torch, "load", _before(_load)),

@@ -192,6 +192,16 @@ def test_each_autocast_mistake_is_named_with_its_line(fn, named):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.timeout(60)
+def test_no_autocast_is_named_in_a_fresh_kernel_where_the_cpu_probes_own_autocast_runs_first():
+    from workshop_lib import precision
+
+    precision.cpu_bf16_lstm.cache_clear()  # as in a fresh kernel: the check's fallback probes this CPU first
+    with pytest.raises(CheckFailed) as err:
+        patterns.autocast(make_autocast_loss(autocast=False), batches_of(0)[0], vocab())
+    assert str(err.value).startswith("no torch.autocast ran: run the forward and the loss inside"), str(err.value)
+
+
 def test_the_check_cell_run_before_its_prediction_cell_says_so_not_a_name_error():
     """04a's check cell, as written in the notebook, in a kernel where the prediction cell has not run."""
     import nbformat

@@ -55,7 +55,7 @@ def _where() -> tuple[int | None, list[int]]:
 
 
 def _small(tensor) -> list | None:
-    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL:
+    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL and not tensor.is_meta:  # meta: no values
         return tensor.detach().flatten().cpu().tolist()
     return None
 

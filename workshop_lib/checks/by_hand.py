@@ -1,7 +1,8 @@
 """The check of notebook 04b's optional exercise: each gradient all-reduced asynchronously as it is made.
 
 :func:`by_hand` runs the learner's ``train_by_hand`` on 2 forked ranks beside DDP and :func:`after_backward`, from
-the same weights on the same batches with SGD: DDP's weights to 1e-6, every handle waited for before the step.
+the same weights on the same batches with SGD: DDP's weights to 1e-6, every handle waited for before the step (from
+the rank's record of calls, :mod:`workshop_lib.engine.recorder`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from unittest import mock
 import torch
 
 from workshop_lib.engine.common import CheckFailed, _passed, raised, run_forked, still_todo
+from workshop_lib.engine.recorder import Recorder, recording
 
 LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
 
@@ -44,48 +46,9 @@ def _with_ddp(model, optimizer, batches) -> None:
         optimizer.zero_grad()
 
 
-class _Watch:
-    """Wraps the handles of async all-reduces; at each optimizer step, notes those not yet waited for."""
-
-    def __init__(self):
-        self.handles: list = []
-        self.blocking = self.started = self.unwaited = self.weights = 0
-        self.parameters: set[int] = set()  # where the model's weights are (data_ptr), set by _timed
-
-    def all_reduce(self, real):
-        def spy(tensor, *args, **kwargs):
-            work = real(tensor, *args, **kwargs)
-            self.started += 1
-            self.weights += tensor.data_ptr() in self.parameters  # param.data (or param) itself, not its .grad
-            if work is None:
-                self.blocking += 1
-                return None
-            self.handles.append(_Handle(work))
-            return self.handles[-1]
-        return spy
-
-    def step(self, real):
-        def spy(*args, **kwargs):
-            self.unwaited += sum(not h.waited for h in self.handles)
-            self.handles.clear()
-            return real(*args, **kwargs)
-        return spy
-
-
-class _Handle:
-    def __init__(self, work):
-        self.work, self.waited = work, False
-
-    def wait(self, *args, **kwargs):
-        self.waited = True
-        return self.work.wait(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.work, name)
-
-
-def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None):
-    """Fresh weights (the same on every rank), SGD, ``fn``: per-step times, the weights, the first step's gradients."""
+def _timed(fn: Callable, vocab: int, batches: list, record: bool = False):
+    """Fresh weights (the same on every rank), SGD, ``fn``: per-step times, the weights, the first step's gradients,
+    and with ``record``, what its calls did (:func:`_counts`)."""
     import torch.distributed as dist
 
     from workshop_lib.model import SmilesLSTM
@@ -94,8 +57,6 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
     model = SmilesLSTM(vocab, dropout=0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     times, last, first = [], [time.perf_counter()], []
-    if watch is not None:
-        watch.parameters = {p.data_ptr() for p in model.parameters()}
 
     def stamp(real):
         def spy(*args, **kwargs):
@@ -108,15 +69,29 @@ def _timed(fn: Callable, vocab: int, batches: list, watch: _Watch | None = None)
             return out
         return spy
 
-    with contextlib.ExitStack() as spies:  # each spy calls through to what it wraps
-        spies.enter_context(mock.patch.object(optimizer, "step", stamp(optimizer.step)))
-        if watch is not None:
-            spies.enter_context(mock.patch.object(optimizer, "step", watch.step(optimizer.step)))
-            spies.enter_context(mock.patch.object(dist, "all_reduce", watch.all_reduce(dist.all_reduce)))
+    with mock.patch.object(optimizer, "step", stamp(optimizer.step)):  # calls through to the step
         dist.barrier()  # start together
         last[0] = time.perf_counter()
-        fn(model, optimizer, batches)
-    return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach(), (first or [None])[0]
+        with recording(Recorder()) if record else contextlib.nullcontext() as rec:
+            fn(model, optimizer, batches)
+    counts = _counts(rec.events, {p.data_ptr() for p in model.parameters()}) if record else {}
+    return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach(), (first or [None])[0], counts
+
+
+def _counts(events: list[dict], parameters: set[int]) -> dict:
+    """From the record: the all-reduces started, those that blocked (no async_op), those on the weights themselves
+    (their tensor is a parameter's storage, not its .grad), and the handles not yet waited on at an optimizer step."""
+    started = [e for e in events if e.get("name") == "all_reduce" and e.get("phase") == "enter"]
+    pending, unwaited = set(), 0
+    for e in events:
+        if e["kind"] == "collective" and e.get("phase") == "enter" and e.get("async_op"):
+            pending.add(e["seq"])
+        elif e["kind"] == "wait":
+            pending.discard(e["seq"])
+        elif e["kind"] == "step":
+            unwaited, pending = unwaited + len(pending), set()
+    return {"started": len(started), "blocking": sum(not e["async_op"] for e in started), "unwaited": unwaited,
+            "weights": sum(e["data_ptr"] in parameters for e in started)}
 
 
 def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rounds: int):
@@ -127,18 +102,17 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
     if hasattr(hangwatch, "uninstall"):
         hangwatch.uninstall()
     batches = batches_of(env.rank) * rounds  # more steps for the medians; the same batches for every version
-    ddp_times, ddp_weights, ddp_first = _timed(_with_ddp, vocab, batches)
-    plain_times, _, _ = _timed(after_backward, vocab, batches)
-    watch = _Watch()
+    ddp_times, ddp_weights, ddp_first, _ = _timed(_with_ddp, vocab, batches)
+    plain_times, _, _, _ = _timed(after_backward, vocab, batches)
     try:
-        hand_times, hand_weights, first = _timed(train_by_hand, vocab, batches, watch)
+        hand_times, hand_weights, first, counts = _timed(train_by_hand, vocab, batches, record=True)
     except NotImplementedError:
         return {"status": "todo"}
     except Exception as err:  # the check names it
         return {"status": "error", "error": raised(err)}
     return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
-            "hand_weights": hand_weights, "blocking": watch.blocking, "started": watch.started,
-            "unwaited": watch.unwaited, "weights": watch.weights, "first_grad": first, "ddp_first_grad": ddp_first}
+            "hand_weights": hand_weights, "first_grad": first, "ddp_first_grad": ddp_first,
+            **counts}
 
 
 def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: int = 2, rounds: int = 2,

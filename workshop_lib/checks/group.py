@@ -6,61 +6,45 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable
-from unittest import mock
 
 import torch
-import torch.distributed as dist
 
-from workshop_lib.debug import collectives, frames
+from workshop_lib.debug import collectives
 from workshop_lib.engine.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, said, still_todo
-from workshop_lib.engine.recorder import Collectives, Recorder
+from workshop_lib.engine.recorder import Collectives, Recorder, _of
 
 
-def _record_all_reduce(env, fn: Callable) -> dict:
-    """On one rank: ``fn(device)`` while every dist.all_reduce call is recorded (what it held before and after); then,
-    if it ended well, where its first collective's tensor lives when ``device`` is not the CPU (:func:`_off_device`)."""
+def _recorded(fn: Callable, device: torch.device) -> tuple[str, list[dict]]:
+    """``fn(device)`` with its calls recorded: how it ended ("ok", "todo", else the learner's line, torch's words and
+    the cause) and the record."""
     rec = Recorder()
     try:
         with collectives.observing(Collectives(rec)):
-            fn(env.device)
-        outcome = "ok"
+            fn(device)
+        return "ok", rec.events
     except NotImplementedError:
-        outcome = "todo"
-    except Exception as err:  # the learner's line, torch's words and the cause, said here where the error is
-        outcome = said(err, fn.__name__)
+        return "todo", rec.events
+    except Exception as err:  # said here, where the error is
+        return said(err, fn.__name__), rec.events
+
+
+def _record_all_reduce(env, fn: Callable) -> dict:
+    """On one rank: ``fn(device)`` recorded, each dist.all_reduce with what it held before and after; then ``fn`` given
+    ``meta``, a GPU's stand-in on which a collective moves nothing: where its first collective's tensor is on another
+    device (NCCL, on a GPU node, takes no CPU tensor), that call, else None."""
+    outcome, events = _recorded(fn, env.device)
     calls = []
-    for e in rec.events:
+    for e in events:
         if e.get("name") == "all_reduce" and e["phase"] == "enter":
             calls.append({"before": e["before"], "op": e["op"] or "SUM", "after": None})  # SUM: the default op
         elif e.get("name") == "all_reduce" and calls:
             calls[-1]["after"] = e["after"]
-    return {"rank": env.rank, "outcome": outcome, "calls": calls, "off": _off_device(fn) if outcome == "ok" else None}
-
-
-class _Stopped(Exception):
-    """The made-up pass ends at the learner's first collective."""
-
-
-def _off_device(fn: Callable) -> dict | None:
-    """What a CPU cannot run: ``fn`` given a device that is not the CPU (a GPU's stand-in, ``meta``), stopped at its
-    first collective; that collective's name and line where its tensor is not on the device given, else None."""
-    device, seen = torch.device("meta"), {}
-
-    def stop(name: str):
-        def collective(*args, **kwargs):
-            tensor = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-            if tensor is not None and tensor.device != device:
-                at = frames.caller(core_is_library=True)
-                seen.update(name=name, line=at.lineno if at else None, device=tensor.device.type)
-            raise _Stopped
-        return collective
-
-    with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
-        for name in (n for n in collectives.COLLECTIVES if hasattr(dist, n)):
-            stack.enter_context(mock.patch.object(dist, name, stop(name)))
-        with contextlib.suppress(Exception):  # _Stopped, or what only a GPU would run
-            fn(device)
-    return seen or None
+    off = None
+    if outcome != "todo":  # every rank, as in the run above: a CPU tensor's collective there is real
+        with contextlib.redirect_stdout(io.StringIO()):
+            first = next(iter(_of(_recorded(fn, torch.device("meta"))[1], "collective", phase="enter")), None)
+        off = first if first is not None and first["device"] != "meta" else None
+    return {"rank": env.rank, "outcome": outcome, "calls": calls, "off": off}
 
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:

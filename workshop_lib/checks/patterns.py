@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from workshop_lib.debug import collectives
 from workshop_lib.engine.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
-from workshop_lib.engine.recorder import Recorder
+from workshop_lib.engine.recorder import Collectives, Recorder, _of, recording
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -18,8 +19,8 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
-    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened (the
+    backward() calls that all-reduced, from the record)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workshop_lib.model import SmilesLSTM
@@ -27,21 +28,14 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
     torch.manual_seed(0)
     model = DDP(SmilesLSTM(vocab, dropout=0.0))  # no dropout: the weights can be compared exactly
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    allreduces = []
-
-    def counting_hook(state, bucket):  # DDP calls it for each bucket it all-reduces
-        if bucket.index() == 0:
-            allreduces.append(1)
-        return default_hooks.allreduce_hook(state, bucket)
-
-    model.register_comm_hook(None, counting_hook)
     try:
-        train_accumulating(model, optimizer, batches_of(env.rank), accum)
+        with recording_allreduces(model) as events:
+            train_accumulating(model, optimizer, batches_of(env.rank), accum)
     except NotImplementedError:
         return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
         return "error", raised(err), None
-    return "ok", len(allreduces), _weights(model.module)
+    return "ok", len({e["backward"] for e in _allreduces(events)}), _weights(model.module)
 
 
 def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
@@ -111,42 +105,26 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
 # ------------------------------------------------------------------ all-reduces, predicted and counted
 
 
-class _AllReduces:
-    """An observer of :mod:`workshop_lib.debug.collectives`: each all_reduce, and the backward() it ran in."""
-
-    def __init__(self, rec: Recorder):
-        self.rec, self.backwards, self.inside = rec, 0, False
-
-    def enter(self, op: str, args: tuple, kwargs: dict) -> str | None:
-        if op == "backward":
-            self.backwards += 1
-            self.inside = True
-        elif op == "all_reduce":
-            self.rec.add("collective", name="all_reduce", phase="enter", backward=self.backwards if self.inside else None)
-        return op
-
-    def leave(self, token: str | None, error: BaseException | None) -> None:
-        if token == "backward":
-            self.inside = False
-
-
 @contextlib.contextmanager
 def recording_allreduces(model) -> Iterator[list[dict]]:
-    """Every all-reduce DDP runs for ``model`` in the block, with its backward()'s number: torch's own
-    ``allreduce_hook`` (which changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
+    """The record of the calls in the block (:class:`~workshop_lib.engine.recorder.Collectives`), where every
+    all-reduce DDP runs for ``model`` is one, with its backward()'s number: torch's own ``allreduce_hook`` (which
+    changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    from workshop_lib.debug import collectives
 
     model.register_comm_hook(None, default_hooks.allreduce_hook)
     rec = Recorder()
-    with collectives.observing(_AllReduces(rec)):
+    with collectives.observing(Collectives(rec)):
         yield rec.events
+
+
+def _allreduces(events: list[dict]) -> list[dict]:
+    return [e for e in events if e.get("name") == "all_reduce" and e.get("phase") == "enter"]
 
 
 def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
     """The learner's prediction against the all-reduces recorded in ``backwards`` backward() calls; never raised."""
-    ran = [e for e in events if e.get("name") == "all_reduce"]
+    ran = _allreduces(events)
     where = ", ".join(str(e["backward"]) for e in ran if e.get("backward")) or "none"
     whole = isinstance(predicted, int) and not isinstance(predicted, bool)
     why = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"
@@ -161,38 +139,20 @@ def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
 SIXTEEN_BITS = (torch.bfloat16, torch.float16)  # the types torch's autocast computes in (CPU autocast: only these)
 
 
-class _Autocasts:
-    """Each ``torch.autocast`` the learner's code makes: its device type, dtype (None: the device's default), enabled,
-    and the learner's line (:func:`~workshop_lib.debug.frames.caller`)."""
-
-    def __init__(self):
-        self.made: list[dict] = []
-
-    def init(self, real):
-        import inspect
-        import sys
-
-        from workshop_lib.debug import frames
-
-        signature = inspect.signature(real)
-
-        def spy(autocast, *args, **kwargs):
-            given = signature.bind(autocast, *args, **kwargs).arguments
-            at = frames.caller(sys._getframe(1))
-            self.made.append({"device_type": given.get("device_type"), "dtype": given.get("dtype"),
-                              "enabled": given.get("enabled", True), "line": at.lineno if at else None})
-            return real(autocast, *args, **kwargs)
-        return spy
+def _dtype(made: dict) -> torch.dtype:
+    """The dtype an autocast of the record computes in: the one given, else its device's default."""
+    return getattr(torch, made["dtype"]) if made["dtype"] else torch.get_autocast_dtype(made["device_type"])
 
 
 def _autocast_mistake(made: list[dict], device: torch.device, error: Exception | None) -> str | None:
-    """What keeps the learner's autocast from computing in 16 bits on ``device``; None if nothing."""
+    """What keeps the learner's autocast (the record's ``autocast`` events) from computing in 16 bits on ``device``;
+    None if nothing."""
     if not made:
         return ("no torch.autocast ran: run the forward and the loss inside `with torch.autocast(device_type=..., "
                 "dtype=...):`")
     a = made[-1]
     where = f" (line {a['line']})" if a["line"] else ""
-    dtype = a["dtype"] or torch.get_autocast_dtype(a["device_type"])
+    dtype = _dtype(a)
     said = f"torch.autocast(device_type={a['device_type']!r}, dtype={dtype}){where}"
     if a["device_type"] != device.type:
         return (f"{said} on a model on the {device.type.upper()}: autocast acts only on {a['device_type']} ops, so "
@@ -215,7 +175,6 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     forward in 16 bits under ``torch.autocast`` and a float32 loss, or the autocast argument a CPU cannot run, with the
     learner's line. On the CPU only: CUDA initialised in the kernel would stop the notebook's later forked ranks."""
     import warnings
-    from unittest import mock
 
     from workshop_lib import precision
     from workshop_lib.model import SmilesLSTM
@@ -225,17 +184,19 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     model = SmilesLSTM(vocab, dropout=0.0)
     logits = []
     model.head.register_forward_hook(lambda module, inputs, output: logits.append(output.dtype))
-    watch, error, loss = _Autocasts(), None, None
-    with warnings.catch_warnings(), mock.patch.object(torch.autocast, "__init__", watch.init(torch.autocast.__init__)):
+    rec, error, loss = Recorder(), None, None
+    # The fallback first: its probe of this CPU (an autocast of its own) runs before the learner's code is recorded.
+    with warnings.catch_warnings(), precision.lstm_fallback(device):  # this CPU's limit, not the lesson's
         warnings.simplefilter("ignore")  # torch's warning where autocast disables itself: the verdict says it
         try:
-            with precision.lstm_fallback(device):  # this CPU's limit, not the lesson's: as 04a's cell runs it
+            with recording(rec):
                 loss = autocast_loss(model, batch)
         except NotImplementedError:
             raise CheckFailed(still_todo("autocast_loss")) from None
         except Exception as err:  # judged below, with the autocast that caused it
             error = err
-    wrong = _autocast_mistake(watch.made, device, error)
+    made = _of(rec.events, "autocast")
+    wrong = _autocast_mistake(made, device, error)
     if wrong:
         raise CheckFailed(wrong)
     if error is not None:
@@ -248,7 +209,5 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     if loss.dtype != torch.float32:
         raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
                           f"where autocast keeps losses in float32")
-    made = watch.made[-1]
-    _passed(f"autocast_loss: under torch.autocast(device_type={made['device_type']!r}, dtype="
-            f"{made['dtype'] or torch.get_autocast_dtype(made['device_type'])}) the logits came back {logits[0]} and "
-            f"the loss {loss.dtype}")
+    _passed(f"autocast_loss: under torch.autocast(device_type={made[-1]['device_type']!r}, dtype={_dtype(made[-1])}) "
+            f"the logits came back {logits[0]} and the loss {loss.dtype}")

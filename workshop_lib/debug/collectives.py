@@ -4,14 +4,17 @@ The hang watch and the checks register observers (:func:`observing`, or :func:`a
 one is registered, each of :data:`COLLECTIVES`, ``torch.autograd.backward`` (DDP's gradient all-reduce runs in
 it, in C++) and ``DistributedDataParallel.forward`` where it broadcasts the buffers first (:func:`ddp_broadcasts`)
 is wrapped, call-through (``unittest.mock.patch.object``): ``enter(op, args, kwargs)`` runs before,
-``leave(token, error)`` after. An observer that raises is dropped (its ``failed(error)``, else one warning line);
-the call goes on as if unobserved.
+``leave(token, error)`` after; for an observer with ``waited(token, error)``, an async call's work handle comes back
+wrapped (:class:`Handle`) and tells it when the caller waits on it. An observer that raises is dropped (its
+``failed(error)``, else one warning line); the call goes on as if unobserved. :func:`facts` is the one description of
+what a call was given (its tensors' dtype, shape and device; the ReduceOp; async_op), for every observer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Protocol
@@ -36,6 +39,52 @@ def first_difference(sequences: Mapping[int, Sequence[Hashable]]) -> int | None:
         if len({s[i] if i < len(s) else None for s in sequences.values()}) > 1:
             return i
     return None
+
+
+def tensors_of(args: tuple, kwargs: dict):
+    """The call's first tensor, or first list of tensors (all_gather's output), among its arguments; else None."""
+    import torch
+
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) or (isinstance(a, list | tuple) and a and all(isinstance(t, torch.Tensor)
+                                                                                      for t in a)):
+            return a
+    return None
+
+
+@functools.cache
+def _signature(op: str) -> inspect.Signature | None:
+    import torch.distributed as dist
+
+    return inspect.signature(getattr(dist, op)) if op in COLLECTIVES and hasattr(dist, op) else None
+
+
+def facts(op: str, args: tuple, kwargs: dict) -> dict:
+    """What a call was given: its first tensor's ``dtype``, ``shape`` and ``device`` (of a list's first, and ``count``
+    the list's length; None for one tensor), the ReduceOp given (``op``: "SUM", "AVG" ...; None where left to its
+    default, SUM) and ``async_op``. The record's collective events and the hang watch's calls both say it."""
+    signature = _signature(op)
+    try:
+        given = signature.bind(*args, **kwargs).arguments if signature is not None else {}
+    except TypeError:  # torch's own error says so when the call runs
+        given = {}
+    found = tensors_of(args, kwargs)
+    first = found[0] if isinstance(found, list | tuple) else found
+    reduce_op = given.get("op")
+    return {"op": str(reduce_op).rsplit(".", 1)[-1] if reduce_op is not None else None,
+            "async_op": bool(given.get("async_op", False)),
+            "dtype": str(first.dtype).removeprefix("torch.") if first is not None else None,
+            "shape": list(first.shape) if first is not None else None,
+            "device": first.device.type if first is not None else None,
+            "count": len(found) if isinstance(found, list | tuple) else None}
+
+
+def said(fact: dict) -> str:
+    """``facts`` as a report says them: "float32[3]", "2 tensors, first float32[3]", "no tensor"."""
+    if fact["dtype"] is None:
+        return "no tensor"
+    one = f"{fact['dtype']}{fact['shape']}"
+    return one if fact["count"] is None else f"{fact['count']} tensors, first {one}"
 
 
 class Observer(Protocol):
@@ -91,21 +140,48 @@ def _wrap(op: str, fn):
         try:
             result = fn(*args, **kwargs)
         except BaseException as error:
-            _left(seen, error)
+            _tell(seen, "leave", error)
             raise
-        _left(seen, None)
+        _tell(seen, "leave", None)
+        waiting = [(observer, token) for observer, token in seen if hasattr(observer, "waited")]
+        if waiting and result is not None and op in COLLECTIVES:
+            import torch.distributed as dist
+
+            if isinstance(result, dist.Work):
+                return Handle(result, waiting)
         return result
 
     return collective
 
 
-def _left(seen: list, error: BaseException | None) -> None:
+def _tell(seen: list, method: str, error: BaseException | None) -> None:
     for observer, token in reversed(seen):
         if observer in _observers:
             try:
-                observer.leave(token, error)
+                getattr(observer, method)(token, error)
             except Exception as err:
                 _drop(observer, err)
+
+
+class Handle:
+    """An async collective's work handle as the call returned it, but for ``wait``, which also tells the observers
+    that asked (their ``waited(token, error)``) that the caller waited on it; every other name is the handle's own.
+    Not an instance of ``dist.Work``: only the recorder asks for it, and the workshop's code only waits on handles."""
+
+    def __init__(self, work, seen: list):
+        self._work, self._seen = work, seen
+
+    def wait(self, *args, **kwargs):
+        try:
+            done = self._work.wait(*args, **kwargs)
+        except BaseException as error:
+            _tell(self._seen, "waited", error)
+            raise
+        _tell(self._seen, "waited", None)
+        return done
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
 
 
 def add(observer: Observer) -> None:

@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from workshop_lib.debug import collectives, frames
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
@@ -41,26 +39,6 @@ class Call:
 
     def name(self) -> str:
         return "loss.backward()" if self.op == "backward" else f"{self.op} #{self.seq}"
-
-
-def on_gpu(args: tuple, kwargs: dict) -> bool:
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor) or (isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)):
-            return (a if isinstance(a, torch.Tensor) else a[0]).is_cuda
-    return False
-
-
-def describe(op: str, args: tuple, kwargs: dict) -> str:
-    """The call's tensors ("float32[3]", "2 tensors, first ..."), or what DDP's forward broadcasts."""
-    if op == collectives.DDP_FORWARD:
-        return collectives.ddp_broadcasts(args[0]) or ""
-    found = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor | list | tuple)]
-    for a in found:
-        if isinstance(a, torch.Tensor):
-            return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
-        if a and all(isinstance(t, torch.Tensor) for t in a):
-            return f"{len(a)} tensors, first {str(a[0].dtype).removeprefix('torch.')}{list(a[0].shape)}"
-    return "no tensor"
 
 
 def user_frames(frame) -> tuple[list[list], str]:

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
-from workshop_lib.debug import hangreport
-from workshop_lib.debug.hangreport import PREFIX, Call, caller, describe, explain, on_gpu, user_frames
+from workshop_lib.debug import collectives, hangreport
+from workshop_lib.debug.hangreport import PREFIX, Call, caller, explain, user_frames
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import first_line, first_sentence
 
@@ -128,14 +128,17 @@ class Watch:
             return None
         if self.world_size == 0 and dist.is_initialized():
             self.join()  # the first collective of a new group: connect now, not up to a poll later
-        gpu = on_gpu(args, kwargs)
+        facts = collectives.facts(op, args, kwargs)  # what the record says of each call too
+        gpu = facts["device"] == "cuda"
         self.counts[op] += 1
         if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
             self.backwards += 1
             self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
         else:
             self.seq += 1
-            self.current = Call(op, self.seq, describe(op, args, kwargs), time.time(), caller(), gpu, self.backwards)
+            tensors = collectives.ddp_broadcasts(args[0]) or "" if op == collectives.DDP_FORWARD else \
+                collectives.said(facts)
+            self.current = Call(op, self.seq, tensors, time.time(), caller(), gpu, self.backwards)
             self.history.append(self.current)
         return self.current
 

@@ -1,11 +1,15 @@
-"""One rank's record: what it read, stepped, evaluated, saved, and which collectives it called; and its readers.
+"""One rank's record: what it read, stepped, evaluated, saved, and which collectives it called; and its readers. The
+one record of calls: the script checker, the cell checks (01's all_reduce, 04a's all-reduce count, 04b's handles) and
+the runs they judge all read it; each collective with what it was given (:func:`~workshop_lib.debug.collectives.facts`,
+as the hang watch describes its calls), the learner's line, the backward() it ran in and the wait on its handle.
 
 :func:`recording` attaches an observer to each public function of :data:`OBSERVED`, the one table of what is watched
 (``unittest.mock.patch.object``), to every collective of :mod:`workshop_lib.debug.collectives` and to
 ``loss.backward()``, and to every optimizer step (torch's step post-hook); each calls through and changes nothing the
-function does, adding no collective. A :class:`Recorder` keeps the events in order (with a prefix, also in
-PREFIX.jsonl, and the parameters after each optimizer step in PREFIX.params); the readers at the end answer how a
-rank left, what it waited in, the replicas' spread and what each loader pass read.
+function does, adding no collective (an async collective's work handle comes back wrapped, so that its wait is seen).
+A :class:`Recorder` keeps the events in order (with a prefix, also in PREFIX.jsonl, and the parameters after each
+optimizer step in PREFIX.params); the readers at the end answer how a rank left, what it waited in, the replicas'
+spread and what each loader pass read.
 
 A workshop script names its splits through :func:`workshop_lib.data.load_splits`; in any other script the dataset of
 the first DistributedSampler, else of the first loader read with gradients on, is the training split, and its class's
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import os
 import threading
@@ -50,7 +55,7 @@ def _where() -> tuple[int | None, list[int]]:
 
 
 def _small(tensor) -> list | None:
-    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL:
+    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL and not tensor.is_meta:  # meta: no values
         return tensor.detach().flatten().cpu().tolist()
     return None
 
@@ -143,37 +148,45 @@ class Recorder:
 
 
 class Collectives:
-    """An observer of :mod:`workshop_lib.debug.collectives`: the learner's collectives and backward(), in and out."""
+    """An observer of :mod:`workshop_lib.debug.collectives`: the learner's collectives (what each was given, by
+    :func:`~workshop_lib.debug.collectives.facts`, and the backward() it ran in), the waits on their handles, and
+    backward(), in and out. Alone (``collectives.observing(Collectives(Recorder()))``) it records the calls only."""
 
     def __init__(self, rec: Recorder):
-        self.rec, self.seq = rec, 0
+        self.rec, self.seq, self.backward, self.inside = rec, 0, 0, 0  # backward: entered so far; inside: depth
 
     def enter(self, op: str, args: tuple, kwargs: dict):
         if threading.get_ident() != self.rec.main:
             return None
         if op == collectives.BACKWARD:
             self.rec.backwards += 1
-            self.rec.add("backward", phase="enter")
-            return ("backward", None)
+            self.backward, self.inside = self.backward + 1, self.inside + 1
+            self.rec.add("backward", phase="enter", n=self.backward)
+            return ("backward", None, None)
         if op not in collectives.COLLECTIVES:
             return None
         self.seq += 1
         self.rec.flush_fetched()
-        at = {"all_reduce": 1, "reduce": 2}.get(op)  # where the ReduceOp goes among the positional arguments
-        reduce_op = kwargs.get("op", args[at] if at is not None and len(args) > at else None)
-        first = args[0] if args else kwargs.get("tensor")
-        self.rec.add("collective", name=op, phase="enter", seq=self.seq,
-                     op=str(reduce_op).rsplit(".", 1)[-1] if reduce_op is not None else None, before=_small(first))
-        return (op, first)
+        first = collectives.tensors_of(args, kwargs)
+        self.rec.add("collective", name=op, phase="enter", seq=self.seq, **collectives.facts(op, args, kwargs),
+                     before=_small(first), backward=self.backward if self.inside else None,
+                     data_ptr=first.data_ptr() if isinstance(first, torch.Tensor) else None)
+        return (op, self.seq, first)
 
     def leave(self, token, error: BaseException | None) -> None:
         if token is None:
             return
-        op, first = token
+        op, seq, first = token
         if op == "backward":
+            self.inside -= 1
             self.rec.add("backward", line=False, phase="exit", ok=error is None)
         elif error is None:
-            self.rec.add("collective", line=False, name=op, phase="exit", seq=self.seq, after=_small(first))
+            self.rec.add("collective", line=False, name=op, phase="exit", seq=seq, after=_small(first))
+
+    def waited(self, token, error: BaseException | None) -> None:
+        """The learner waited on the handle of the async collective ``token``."""
+        if threading.get_ident() == self.rec.main:
+            self.rec.add("wait", name=token[0], seq=token[1], ok=error is None)
 
 
 # ----------------------------------------------------------------------------- what is observed
@@ -349,6 +362,21 @@ def _evaluate(rec: Recorder, model, loader, *args, **kw) -> None:
     rec.add("evaluate", model=type(model).__name__, split=rec.split_of(getattr(loader, "dataset", None)))
 
 
+def _autocast(rec: Recorder, real):
+    signature = inspect.signature(real)
+
+    def observe(self, *args, **kw):
+        try:
+            given = signature.bind(self, *args, **kw).arguments
+        except TypeError:  # torch's own error says it
+            return real(self, *args, **kw)
+        dtype = given.get("dtype")
+        rec.add("autocast", device_type=given.get("device_type"), enabled=bool(given.get("enabled", True)),
+                dtype=str(dtype).removeprefix("torch.") if dtype is not None else None)  # None: the device's default
+        return real(self, *args, **kw)
+    return observe
+
+
 def _path(f) -> str | None:
     """The file's path: given as one, or the name of an open file (None for a buffer)."""
     name = f if isinstance(f, str | os.PathLike) else getattr(f, "name", None)
@@ -380,6 +408,7 @@ OBSERVED = (
     (F, "binary_cross_entropy_with_logits", _loss),  # each training batch's loss
     (metrics, "evaluate", _before(_evaluate)),
     (torch, "manual_seed", _before(_seed)),  # the seed each rank gave, and where
+    (torch.autocast, "__init__", _autocast),  # each autocast made: device type, dtype (None: the default), enabled
     (report.Reporter, "epoch", _before(_logged)),  # what rank 0 logged of an epoch, and where
     (torch, "save", _before(_save)),
     (torch, "load", _before(_load)),

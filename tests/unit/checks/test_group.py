@@ -284,3 +284,21 @@ RESULTS = [{"all_gather": torch.tensor([1.0, 2.0, 10.0, 20.0]), "all_reduce": to
 def test_a_prediction_of_any_shape_is_judged_in_one_line_never_raised(predicted, said, capsys):
     group.collectives_prediction(predicted, RESULTS)
     assert capsys.readouterr().out == said
+
+
+def _reduce_on(device):
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(value)
+    assert value.tolist() == [3.0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_all_reduce_is_judged_from_the_record_of_a_real_run_and_of_a_meta_pass_with_nothing_else_said(capfd):
+    """check.all_reduce reads each rank's record of calls twice: the real run (what each rank held before and after)
+    and a pass given ``meta`` for a GPU (where the tensor was made); the record keeps no values of a meta tensor and
+    says nothing more than the verdict."""
+    group.all_reduce(_reduce_on)
+    out = capfd.readouterr().out  # rank 0's log comes back on stdout: nothing in it but the verdict
+    assert out == ("\N{CHECK MARK} _reduce_on: each of 2 ranks contributed rank + 1, all_reduce(SUM) left 3 on every "
+                   "rank\n"), out

@@ -69,14 +69,15 @@ def _count(env, vocab_size: int, use_no_sync: bool):
         for k, b in enumerate(batches_of(env.rank)[:4]):
             with model.no_sync() if use_no_sync and k < 3 else contextlib.nullcontext():
                 F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels).backward()
-    return [e["backward"] for e in seen]
+    return [(e["backward"], e["device"], e["dtype"], e["async_op"]) for e in patterns._allreduces(seen)]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_recorder_sees_each_of_ddps_allreduces_and_its_backward():
-    assert forklaunch.notebook_launch(_count, 2, vocab(), True, timeout=90) == [[4], [4]]
-    assert forklaunch.notebook_launch(_count, 2, vocab(), False, timeout=90)[0] == [1, 2, 3, 4]
+    bucket = ("cpu", "float32", True)  # DDP's one bucket, all-reduced through torch's allreduce_hook (async)
+    assert forklaunch.notebook_launch(_count, 2, vocab(), True, timeout=90) == [[(4, *bucket)], [(4, *bucket)]]
+    assert forklaunch.notebook_launch(_count, 2, vocab(), False, timeout=90)[0] == [(k, *bucket) for k in (1, 2, 3, 4)]
 
 
 # ------------------------------------------------------------------- the accumulation loop
@@ -189,6 +190,16 @@ def test_each_autocast_mistake_is_named_with_its_line(fn, named):
         patterns.autocast(fn, batches_of(0)[0], vocab())
     assert str(err.value).startswith(named), str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_no_autocast_is_named_in_a_fresh_kernel_where_the_cpu_probes_own_autocast_runs_first():
+    from workshop_lib import precision
+
+    precision.cpu_bf16_lstm.cache_clear()  # as in a fresh kernel: the check's fallback probes this CPU first
+    with pytest.raises(CheckFailed) as err:
+        patterns.autocast(make_autocast_loss(autocast=False), batches_of(0)[0], vocab())
+    assert str(err.value).startswith("no torch.autocast ran: run the forward and the loss inside"), str(err.value)
 
 
 def test_the_check_cell_run_before_its_prediction_cell_says_so_not_a_name_error():

@@ -97,3 +97,35 @@ def test_ddp_forward_is_observed_where_it_broadcasts_the_buffers_and_only_there(
         dist.destroy_process_group()
     assert seen == [(collectives.DDP_FORWARD, "broadcasts 3 buffers")] * 2
     assert DDP.forward.__module__.startswith("torch")
+
+
+class _Waits(_Log):
+    def enter(self, op, args, kwargs):
+        self.seen.append(("enter", op, collectives.facts(op, args, kwargs)))
+        return op
+
+    def waited(self, token, error):
+        self.seen.append(("waited", token, error))
+
+
+def test_each_call_is_described_once_and_a_handles_wait_is_told_to_the_observers_that_ask():
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10))
+    waits, plain = _Waits(), _Log()
+    try:
+        with collectives.observing(waits), collectives.observing(plain):
+            total = torch.ones(3)
+            handle = dist.all_reduce(total, op=dist.ReduceOp.MAX, async_op=True)
+            assert handle.is_completed() in (True, False)  # the handle's own names pass through
+            handle.wait()
+            dist.all_gather([torch.zeros(2)], torch.ones(2))  # one rank: a list of one
+            blocking = dist.all_reduce(total)
+    finally:
+        dist.destroy_process_group()
+    assert blocking is None  # a blocking call returns what torch returns
+    reduced, gathered = [s[2] for s in waits.seen if s[0] == "enter"][:2]
+    assert reduced == {"op": "MAX", "async_op": True, "dtype": "float32", "shape": [3], "device": "cpu", "count": None}
+    assert gathered["count"] == 1 and collectives.said(gathered) == "1 tensors, first float32[2]"
+    assert collectives.said(reduced) == "float32[3]"
+    assert ("waited", "all_reduce", None) in waits.seen and all(s[0] != "waited" for s in plain.seen)

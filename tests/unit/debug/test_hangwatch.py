@@ -300,16 +300,6 @@ def test_a_late_rank_is_diagnosed_and_the_job_still_finishes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_a_rank_that_left_is_named_by_the_rank_left_waiting():
-    done = watched("exit", 30, 60)
-    said = "\n".join(lines_of(done))
-    assert done.returncode != 0
-    assert re.search(r"rank 0 failed after \d+ s \(.*\) in all_reduce #2", said), said
-    assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_reduce #1" in said, said
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(150)
 def test_a_run_that_does_not_hang_is_untouched_and_torch_is_its_own_again_after_it():
     """Through torchrun's agent store. Where rank 0 hosts the store, that no rank finds it gone as it leaves is
     test_a_late_rank_is_diagnosed_and_the_job_still_finishes's: a job that ends as cleanly, once its wait is told."""

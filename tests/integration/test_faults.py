@@ -7,7 +7,8 @@ from outside (``-m workshop_lib.watch``). docs/reference/faults.md says which. A
 with the watch attached is tested where the watch is: tests/unit/debug/test_hangwatch.py
 (who never arrived, under torchrun) and test_hangs_lab.py (a lab's hang under torchrun,
 ended by the group's own timeout); here, the watch with no flag on a script written
-elsewhere (tests/workers/elsewhere/train.py, one line changed).
+elsewhere (tests/workers/elsewhere/train.py, a line or three changed). A rank that raises
+(its traceback in torchrun's summary, through ``@record``) is run once, on two nodes: test_multinode.py.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ elsewhere, as MODE says, while rank 0 enters all_reduce number 2:
 
 * ``busy``: rank 1 sits in ``evaluate()`` until the watch has saved its block (``WORKSHOP_HANG_RECORD``),
   then joins: the diagnosis is certain to come first, and the job still finishes;
-* ``exit``: rank 1 leaves the job (destroy_process_group) and ends;
 * ``wait``: rank 1 sits in ``evaluate()`` until killed (for diagnose);
 * ``clean``: no rank goes elsewhere; at exit each rank says whether torch's functions are torch's own.
 """
@@ -54,9 +53,6 @@ def main(argv: list[str] | None = None) -> None:
     dist.all_reduce(x)
     print(f"rank {dist.get_rank()} ready; during the run: {torchs_own()}", flush=True)
     if dist.get_rank() == 1 and mode != "clean":
-        if mode == "exit":
-            dist.destroy_process_group()
-            return
         evaluate(3600 if mode == "wait" else 60, until_the_watch_speaks=mode == "busy")
     dist.all_reduce(x)  # rank 0 waits here
     print(f"rank {dist.get_rank()} sum {x.tolist()}", flush=True)

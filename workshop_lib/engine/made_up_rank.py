@@ -263,31 +263,21 @@ def process_group(setup: Callable) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _in_script(source: str, name: str) -> tuple[bool, str | None]:
-    """(whether it was measured, the mistake): a script's ``setup`` on the made-up node, from the script's imports and
-    definitions only (whatever else it does at import time does not run here); not measured where the script has no
-    ``setup`` or its imports fail (the run has judged those)."""
+def on_a_gpu_node(source: str, name: str) -> tuple[str | None, str | None]:
+    """The rule table's row of what a CPU run cannot show (a step's ``source``): its ``setup`` as rank 3 of 4, local
+    rank 1, on a node with 2 GPUs, nothing joined, from the script's imports and definitions alone (whatever else it
+    does at import time does not run here). (the ✓'s claim where setup ran, the mistake): both None where the script
+    has no ``setup`` or its imports fail (the run has judged those)."""
     tree = ast.parse(source)
     tree.body = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)]
     names: dict = {"__name__": "learner_gpu_check", "__file__": name}
     try:
         exec(compile(tree, name, "exec"), names)
     except Exception:
-        return False, None
+        return None, None
     if not callable(names.get("setup")):
-        return False, None
+        return None, None
     with contextlib.redirect_stdout(io.StringIO()):
         mistake = _on_a_gpu_node(names["setup"])[0]
-    return True, mistake and f"setup as a made-up rank {RANK} of {WORLD} (nothing joined): {mistake}"
-
-
-def on_a_gpu_node(case) -> str | None:
-    """The rule of what a CPU run cannot show (a :class:`~workshop_lib.engine.rules.Case`): the script's ``setup`` as
-    rank 3 of 4, local rank 1, on a node with 2 GPUs (nothing joined)."""
-    return _in_script(case.source, case.name)[1]
-
-
-def gpu_node_claim(case) -> str | None:
-    """The ✓'s claim, only where the made-up node ran ``setup``."""
-    return (f"as rank {RANK} of {WORLD} on a made-up node with 2 GPUs, setup chose NCCL on cuda:{LOCAL_RANK}"
-            if _in_script(case.source, case.name)[0] else None)
+    return (f"as rank {RANK} of {WORLD} on a made-up node with 2 GPUs, setup chose NCCL on cuda:{LOCAL_RANK}",
+            mistake and f"setup as a made-up rank {RANK} of {WORLD} (nothing joined): {mistake}")

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import torch
 
 from workshop_lib.debug import collectives
-from workshop_lib.engine.common import HANG_AFTER, CheckFailed, _passed, judge_prediction, run_forked, said, still_todo
+from workshop_lib.engine import rules
+from workshop_lib.engine.common import HANG_AFTER, first, judge_prediction, run_forked, said, still_todo, verdict
 from workshop_lib.engine.recorder import Collectives, Recorder, _of
 
 
@@ -29,56 +30,40 @@ def _recorded(fn: Callable, device: torch.device) -> tuple[str, list[dict]]:
 
 
 def _record_all_reduce(env, fn: Callable) -> dict:
-    """On one rank: ``fn(device)`` recorded, each dist.all_reduce with what it held before and after; then ``fn`` given
+    """On one rank: ``fn(device)`` recorded (each collective with what it held before and after); then ``fn`` given
     ``meta``, a GPU's stand-in on which a collective moves nothing: where its first collective's tensor is on another
     device (NCCL, on a GPU node, takes no CPU tensor), that call, else None."""
     outcome, events = _recorded(fn, env.device)
-    calls = []
-    for e in events:
-        if e.get("name") == "all_reduce" and e["phase"] == "enter":
-            calls.append({"before": e["before"], "op": e["op"] or "SUM", "after": None})  # SUM: the default op
-        elif e.get("name") == "all_reduce" and calls:
-            calls[-1]["after"] = e["after"]
     off = None
     if outcome != "todo":  # every rank, as in the run above: a CPU tensor's collective there is real
         with contextlib.redirect_stdout(io.StringIO()):
             first = next(iter(_of(_recorded(fn, torch.device("meta"))[1], "collective", phase="enter")), None)
         off = first if first is not None and first["device"] != "meta" else None
-    return {"rank": env.rank, "outcome": outcome, "calls": calls, "off": off}
+    return {"rank": env.rank, "outcome": outcome, "events": events, "off": off}
 
 
 def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
-    """``fn(device)`` (the learner's check_all_reduce) on ``nprocs`` ranks: all_reduce(rank + 1) with SUM, 1 + ... + N;
-    then the tensor it reduces is on ``device`` (NCCL, on a GPU node, takes no CPU tensor)."""
+    """``fn(device)`` (the learner's check_all_reduce) on ``nprocs`` ranks, judged from each rank's record by the
+    script checker's judge of check_all_reduce (:func:`~workshop_lib.engine.rules.all_reduced`): all_reduce(rank + 1)
+    with SUM, 1 + ... + N; then the tensor it reduces is on ``device`` (NCCL, on a GPU node, takes no CPU tensor)."""
     ranks = run_forked(_record_all_reduce, nprocs, fn, timeout=timeout, hang_after=min(HANG_AFTER, timeout / 2),
                        fix="every rank must call dist.all_reduce")
-    expected = nprocs * (nprocs + 1) / 2
-    if any(r["outcome"] == "todo" for r in ranks):
-        raise CheckFailed(still_todo(fn.__name__))
-    silent = [r["rank"] for r in ranks if not r["calls"]]
-    if len(silent) == nprocs:
-        raise CheckFailed("no rank called dist.all_reduce: call it on a tensor holding dist.get_rank() + 1")
-    if silent:
-        raise CheckFailed(f"rank {silent[0]} never called dist.all_reduce while other ranks did: every rank must "
-                          f"call every collective, or the others wait for it (and fail when it leaves)")
-    for r in ranks:
-        call = r["calls"][0]
-        if call["op"] != "SUM":
-            raise CheckFailed(f"rank {r['rank']} used op={call['op']}: summing needs op=dist.ReduceOp.SUM (the default)")
-        if call["before"] != [r["rank"] + 1.0]:
-            raise CheckFailed(f"rank {r['rank']} contributed {call['before']}, expected [{r['rank'] + 1.0}]: "
-                              f"start from torch.tensor([dist.get_rank() + 1.0], device=device)")
-        if call["after"] != [expected]:
-            raise CheckFailed(f"rank {r['rank']} holds {call['after']} after all_reduce, expected [{expected}]")
-        if r["outcome"] != "ok":
-            raise CheckFailed(f"rank {r['rank']}: {r['outcome']}")
+    silent = [r["rank"] for r in ranks if not _of(r["events"], "collective", name="all_reduce")]
+    wrong = rules.all_reduced({r["rank"]: r["events"] for r in ranks})
+    failed = next((f"rank {r['rank']}: {r['outcome']}" for r in ranks if r["outcome"] != "ok"), None)
     off = ranks[0]["off"]
-    if off is not None:
-        raise CheckFailed(f"{fn.__name__} (line {off['line']}) calls dist.{off['name']} on a tensor on the "
-                          f"{off['device'].upper()}, not on `device`: on a GPU node setup joins with nccl, which takes "
-                          f"GPU tensors only (torch raises RuntimeError: No backend type associated with device type "
-                          f"{off['device']}); create the tensor on the rank's device, torch.tensor(..., device=device)")
-    _passed(f"{fn.__name__}: each of {nprocs} ranks contributed rank + 1, all_reduce(SUM) left {expected:g} on every rank")
+    verdict(first(
+        (any(r["outcome"] == "todo" for r in ranks), still_todo(fn.__name__)),
+        (len(silent) == nprocs, "no rank called dist.all_reduce: call it on a tensor holding dist.get_rank() + 1"),
+        (silent, f"rank {next(iter(silent), None)} never called dist.all_reduce while other ranks did: every rank "
+                 f"must call every collective, or the others wait for it (and fail when it leaves)"),
+        (wrong, wrong), (failed, failed),
+        (off, off and f"{fn.__name__} (line {off['line']}) calls dist.{off['name']} on a tensor on the "
+                      f"{off['device'].upper()}, not on `device`: on a GPU node setup joins with nccl, which takes GPU "
+                      f"tensors only (torch raises RuntimeError: No backend type associated with device type "
+                      f"{off['device']}); create the tensor on the rank's device, torch.tensor(..., device=device)")),
+        f"{fn.__name__}: each of {nprocs} ranks contributed rank + 1, all_reduce(SUM) left {nprocs * (nprocs + 1) // 2} "
+        f"on every rank")
 
 
 def collectives_prediction(predicted: dict, results: list[dict], rank: int = 1) -> None:

@@ -1,15 +1,17 @@
 """``setup(timeout)`` first joined for real by 2 ranks on this machine, started as the script checker starts a
 script (:mod:`runner`: torchrun's variables, the store hosted here, no GPU, so the CPU branch joins with Gloo); then,
 for what a CPU cannot run, as a made-up rank 3 of 4, local rank 1, on a node faking 2 GPUs, ``set_device`` and
-``init_process_group`` observed, not called. The GPU node is faked the same way through ``torch.cuda`` and
-``torch.accelerator``, so the forms of torch's docs pass there (the device-agnostic one, a backend left out or
-given per device). Notebook 01's ``process_group``, and the script checker's :func:`on_a_gpu_node` (its CPU run is
-the script's own)."""
+``init_process_group`` recorded in a :class:`~workshop_lib.engine.recorder.Recorder` (the one record), not called,
+and judged from that record. The GPU node is faked the same way through ``torch.cuda`` and ``torch.accelerator``, so
+the forms of torch's docs pass there (the device-agnostic one, a backend left out or given per device). Notebook 01's
+``process_group``, and a row of the script checker's rule table (:func:`on_a_gpu_node`; its CPU run is the script's
+own)"""
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import io
 import os
 import shutil
@@ -25,7 +27,7 @@ import torch.distributed as dist
 
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine import runner, torch_errors
-from workshop_lib.engine.common import CheckFailed, _passed, run_forked, said, still_todo
+from workshop_lib.engine.common import CheckFailed, run_forked, said, still_todo, verdict
 from workshop_lib.engine.recorder import Recorder, _at, _of, call_name, recording, waiting_in
 from workshop_lib.errors import first_line
 
@@ -124,12 +126,12 @@ def _on_this_machine(setup: Callable) -> dict:
 # ----------------------------------------------------------------------------- the made-up GPU node
 
 
-def _fakes(seen: dict) -> tuple[dict, list[tuple[object, str, object]]]:
+def _fakes(rec: Recorder) -> tuple[dict, list[tuple[object, str, object]]]:
     """torchrun's variables, and (owner, name, fake) for what :func:`_on_a_gpu_node` fakes: a node with 2 GPUs seen the
-    same way through ``torch.cuda`` and ``torch.accelerator``, rank 3 of 4, nothing joined."""
+    same way through ``torch.cuda`` and ``torch.accelerator``, rank 3 of 4, nothing joined. The fakes keep no state of
+    their own: set_device writes to ``rec``, the record that :func:`~workshop_lib.engine.recorder.recording` also
+    keeps of init_process_group, and what they answer is read from it."""
     def init(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, **kw):
-        seen["init"] = {"backend": backend, "init_method": init_method, "timeout": timeout, "store": store,
-                        "rank": rank, "world_size": world_size, **kw}
         if timeout is not None and not isinstance(timeout, timedelta):  # torch raises TypeError
             fix = torch_errors.explain("Expected timeout argument to be of type datetime.timedelta")
             raise CheckFailed(f"setup passed init_process_group timeout={timeout!r}, a {type(timeout).__name__}: torch "
@@ -137,74 +139,63 @@ def _fakes(seen: dict) -> tuple[dict, list[tuple[object, str, object]]]:
         if store is not None and (rank in (None, -1) or world_size in (None, -1)):  # torch asserts the same
             raise CheckFailed("init_process_group got store= but not both rank= and world_size=: with a store torch "
                               "needs all three (without store=, under torchrun, it reads RANK and WORLD_SIZE itself)")
-        seen["init"]["joined"] = _joined(seen["init"])  # now, while torchrun's variables are faked
 
-    def joined(what):
+    def joined(what):  # as torch would answer once joined: the arguments recorded, else (env://) torchrun's variables
         def get(group=None):
-            if seen["init"] is None:
+            init = next(iter(_of(rec.events, "init", phase="enter")[-1:]), None)
+            if init is None:
                 raise ValueError("Default process group has not been initialized, please make sure to call "
                                  "init_process_group.")
-            return seen["init"]["joined"][what]
+            given = init.get(f"given_{what}")
+            env = not init["store"] and init.get("given_init_method") in (None, "env://")
+            return given if given not in (None, -1) else int(os.environ[what.upper()]) if env else None
         return get
 
+    def set_device(device) -> None:
+        rec.add("set_device", index=_index(device))
+
     def current() -> int:  # the index set last, as torch.cuda.current_device() would say
-        calls = [_index(a) for a in seen["set_device"]]
-        return calls[-1] if calls and calls[-1] is not None else 0
+        calls = _of(rec.events, "set_device")
+        return calls[-1]["index"] if calls and calls[-1]["index"] is not None else 0
 
     variables = launch_variables(RANK, WORLD, PER_NODE, MASTER_ADDR="node0", MASTER_PORT=29500)
     fakes = [(torch.cuda, "is_available", lambda: True), (torch.cuda, "device_count", lambda: 2),
-             (torch.cuda, "set_device", seen["set_device"].append), (torch.cuda, "current_device", current),
+             (torch.cuda, "set_device", set_device), (torch.cuda, "current_device", current),
              (torch.accelerator, "is_available", lambda: True), (torch.accelerator, "device_count", lambda: 2),
              (torch.accelerator, "current_accelerator", lambda check_available=False: torch.device("cuda")),
-             (torch.accelerator, "set_device_index", seen["set_device"].append),
-             (torch.accelerator, "set_device_idx", seen["set_device"].append),
+             (torch.accelerator, "set_device_index", set_device), (torch.accelerator, "set_device_idx", set_device),
              (torch.accelerator, "current_device_index", current),
-             (dist, "init_process_group", init), (dist, "is_initialized", lambda: seen["init"] is not None),
-             (dist, "get_rank", joined("rank")), (dist, "get_world_size", joined("world_size"))]
+             (dist, "init_process_group", init), (dist, "get_rank", joined("rank")),
+             (dist, "is_initialized", lambda: bool(_of(rec.events, "init", phase="exit"))),
+             (dist, "get_world_size", joined("world_size"))]
     return variables, [f for f in fakes if hasattr(f[0], f[1])]
 
 
-def _joined(init: dict) -> dict:
-    """The rank and world size torch would give this call: as passed, else (env://) RANK and WORLD_SIZE."""
-    env = init.get("store") is None and init.get("init_method") in (None, "env://")
-
-    def value(name: str, variable: str):
-        given = init.get(name)
-        if given is not None and given != -1:
-            return given
-        return int(os.environ[variable]) if env else None
-
-    return {"rank": value("rank", "RANK"), "world_size": value("world_size", "WORLD_SIZE")}
-
-
-def _on_a_gpu_node(setup: Callable) -> dict:
-    """Call ``setup(TIMEOUT)`` as rank 3 of 4 (local rank 1, 2 a node) with 2 GPUs faked: what it called and returned;
-    CheckFailed with what is wrong there (:func:`_mistake`)."""
-    seen: dict = {"set_device": [], "init": None, "device": None}
-    variables, faked = _fakes(seen)
+def _on_a_gpu_node(setup: Callable) -> tuple[str | None, list[dict]]:
+    """``setup(TIMEOUT)`` as rank 3 of 4 (local rank 1, 2 a node) with 2 GPUs faked, recorded as a real rank is: what
+    is wrong there (:func:`_mistake`, else None), and the record."""
+    rec = Recorder()
+    variables, faked = _fakes(rec)
     with contextlib.ExitStack() as fakes:
         fakes.enter_context(mock.patch.dict(os.environ, variables))
         for owner, name, fake in faked:
             fakes.enter_context(mock.patch.object(owner, name, fake))
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                seen["device"] = setup(TIMEOUT)
+            with contextlib.redirect_stdout(io.StringIO()), recording(rec):  # observes the fakes as it observes torch
+                device = setup(TIMEOUT)
         except NotImplementedError:
-            raise CheckFailed(still_todo("setup")) from None
-        except CheckFailed:
-            raise
+            return still_todo("setup"), rec.events
+        except CheckFailed as err:
+            return str(err), rec.events
         except Exception as err:  # the learner's error, said in one line
-            raise CheckFailed(f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: "
-                              f"{first_line(err, 300)}") from None
-    mistake = _mistake(seen)
-    if mistake:
-        raise CheckFailed(mistake)
-    return seen
+            return (f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: {first_line(err, 300)}",
+                    rec.events)
+    return _mistake(rec.events, device), rec.events
 
 
 def _index(arg) -> int | None:
-    if isinstance(arg, int):
-        return arg
+    if isinstance(arg, int) or (isinstance(arg, str) and arg.isdigit()):
+        return int(arg)
     try:
         return torch.device(arg).index
     except (RuntimeError, TypeError):
@@ -214,7 +205,7 @@ def _index(arg) -> int | None:
 def _backend_for(backend, kind: str) -> str | None:
     """The backend that ``init_process_group(backend)`` uses for ``kind`` tensors: None when left out (torch picks
     the device's), the entry for ``kind`` of a ``"cpu:gloo,cuda:nccl"`` string, else the one named."""
-    if backend is None:
+    if backend in (None, "None"):
         return None
     text = str(backend).lower()
     if ":" not in text:
@@ -223,26 +214,24 @@ def _backend_for(backend, kind: str) -> str | None:
     return pairs.get(kind, "none")
 
 
-def _mistake(seen: dict) -> str | None:
-    """What is wrong with what setup did as rank 3 of 4 (local rank 1) on a node with 2 GPUs, or None."""
+def _mistake(events: list[dict], device) -> str | None:
+    """What is wrong with what setup did, read from its record, as rank 3 of 4 (local rank 1) on a node with 2 GPUs
+    (``device``: what it returned), or None."""
     where = "on a node with 2 GPUs"
-    init = seen["init"]
-    if init is None:
+    init, joined = (next(iter(_of(events, "init", phase=phase)), None) for phase in ("enter", "exit"))
+    if init is None or joined is None:
         return "setup never called dist.init_process_group: join the group that torchrun describes"
-    backend = _backend_for(init["backend"], "cuda")
-    if backend not in ("nccl", None):
+    if _backend_for(init["backend"], "cuda") not in ("nccl", None):
         return (f"{where} setup joined with backend {init['backend']!r}, which has no nccl for cuda tensors: join "
                 f"with the backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo "
                 f"on a CPU), or leave the backend out")
-    joined = init["joined"]
     if joined["rank"] == LOCAL_RANK:
         return (f"as rank {RANK} of {WORLD} (local rank {LOCAL_RANK}) setup joined with rank={LOCAL_RANK}, its local "
                 f"rank: leave rank= out under torchrun (env:// reads RANK), or pass the global rank")
-    if joined != {"rank": RANK, "world_size": WORLD}:
+    if (joined["rank"], joined["world_size"]) != (RANK, WORLD):
         return (f"as rank {RANK} of {WORLD} setup joined with rank={joined['rank']}, world_size={joined['world_size']}: "
                 f"leave both out under torchrun (env:// reads RANK and WORLD_SIZE)")
-    calls = [_index(a) for a in seen["set_device"]]
-    device = seen["device"]
+    calls = [e["index"] for e in _of(events, "set_device")]
     if calls != [LOCAL_RANK]:
         what = "never called torch.cuda.set_device" if not calls else f"called torch.cuda.set_device with {calls}" + \
             (", the global rank" if calls == [RANK] else "")
@@ -251,8 +240,8 @@ def _mistake(seen: dict) -> str | None:
                 f"otherwise)")
     if device != torch.device("cuda", LOCAL_RANK):
         return f"as local rank {LOCAL_RANK} {where}, setup returned {device}: return cuda:LOCAL_RANK, its own GPU"
-    device_id = init.get("device_id")
-    if device_id is not None and _index(device_id) != LOCAL_RANK:
+    device_id = init.get("given_device_id")
+    if device_id not in (None, "None") and _index(device_id) != LOCAL_RANK:
         global_rank = " (the global rank)" if _index(device_id) == RANK else ""
         return (f"{where}, as local rank {LOCAL_RANK}, setup passed device_id={device_id}{global_rank}: device_id is "
                 f"this process's own GPU, cuda:LOCAL_RANK")
@@ -263,33 +252,32 @@ def process_group(setup: Callable) -> None:
     """``setup(timeout) -> device``: joined for real by 2 ranks on this machine, then the backend and device it picks,
     and how it joins, as rank 3 of 4 on a made-up node with 2 GPUs."""
     real = _on_this_machine(setup)
-    seen = _on_a_gpu_node(setup)
-    device_id = seen["init"].get("device_id")
-    given = f"device_id={_index(device_id) if isinstance(device_id, int) else device_id} given" \
-        if device_id is not None else "no device_id"
-    notes = [f"{given} (optional: with it NCCL connects at init_process_group, so a bad GPU shows there rather "
-             f"than at the first collective)"]
+    mistake, events = _on_a_gpu_node(setup)
+    device_id = next(iter(_of(events, "init", phase="enter")), {}).get("given_device_id")
+    notes = [f"{f'device_id={device_id} given' if device_id not in (None, 'None') else 'no device_id'} (optional: with "
+             f"it NCCL connects at init_process_group, so a bad GPU shows there rather than at the first collective)"]
     if not any(e.get("timeout") for e in _of(real["events"], "init", phase="enter")):
         notes.append("without timeout=, a rank waits torch's default (10 min on NCCL, 30 on Gloo) for a missing peer")
-    _passed(f"setup: NCCL on cuda:{LOCAL_RANK} as local rank {LOCAL_RANK} of a node with 2 GPUs, Gloo on a CPU; joined "
-            f"as rank {RANK} of {WORLD} through torchrun's variables; " + "; ".join(notes))
+    verdict(mistake, f"setup: NCCL on cuda:{LOCAL_RANK} as local rank {LOCAL_RANK} of a node with 2 GPUs, Gloo on a "
+                     f"CPU; joined as rank {RANK} of {WORLD} through torchrun's variables; " + "; ".join(notes))
 
 
-def on_a_gpu_node(path: Path) -> str | None:
-    """What the CPU run cannot show: ``setup`` as rank 3 of 4, local rank 1, on a node with 2 GPUs (nothing joined)."""
-    # The script's imports and definitions only: whatever else it does at import time does not run here.
-    tree = ast.parse(path.read_text())
+@functools.lru_cache(maxsize=4)
+def on_a_gpu_node(source: str, name: str) -> tuple[str | None, str | None]:
+    """The rule table's row of what a CPU run cannot show (a step's ``source``): its ``setup`` as rank 3 of 4, local
+    rank 1, on a node with 2 GPUs, nothing joined, from the script's imports and definitions alone (whatever else it
+    does at import time does not run here). (the ✓'s claim where setup ran, the mistake): both None where the script
+    has no ``setup`` or its imports fail (the run has judged those)."""
+    tree = ast.parse(source)
     tree.body = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.ClassDef)]
-    names: dict = {"__name__": "learner_gpu_check", "__file__": str(path)}
+    names: dict = {"__name__": "learner_gpu_check", "__file__": name}
     try:
-        exec(compile(tree, str(path), "exec"), names)
-    except Exception:  # an import the run has already judged
-        return None
+        exec(compile(tree, name, "exec"), names)
+    except Exception:
+        return None, None
     if not callable(names.get("setup")):
-        return None
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            _on_a_gpu_node(names["setup"])
-    except CheckFailed as err:
-        return f"setup as a made-up rank 3 of 4 (nothing joined): {err}"
-    return None
+        return None, None
+    with contextlib.redirect_stdout(io.StringIO()):
+        mistake = _on_a_gpu_node(names["setup"])[0]
+    return (f"as rank {RANK} of {WORLD} on a made-up node with 2 GPUs, setup chose NCCL on cuda:{LOCAL_RANK}",
+            mistake and f"setup as a made-up rank {RANK} of {WORLD} (nothing joined): {mistake}")

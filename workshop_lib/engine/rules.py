@@ -20,7 +20,7 @@ from pathlib import Path
 
 from workshop_lib import metrics as core_metrics
 from workshop_lib.debug.collectives import first_difference
-from workshop_lib.engine import branches, resume, shards, source, torch_errors
+from workshop_lib.engine import branches, made_up_rank, resume, shards, source, torch_errors
 from workshop_lib.engine.recorder import _and, _at, _of, call_name, end, how, passes, split_sizes, spreads, steps, waiting_in
 from workshop_lib.engine.runner import Run
 
@@ -234,10 +234,16 @@ def logged(case: Case) -> str | None:
 
 def summed(case: Case) -> str | None:
     """check_all_reduce's all_reduce: each rank contributes rank + 1, and every rank gets the sum."""
-    world = len(case.ranks)
-    for rank, events in sorted(case.ranks.items()):
-        call = next((c for c in _of(events, "collective", name="all_reduce", phase="enter")
-                     if source.function_at(case.source, c.get("line")) == "check_all_reduce"), None)
+    return all_reduced(case.ranks, lambda call: source.function_at(case.source, call.get("line")) == "check_all_reduce")
+
+
+def all_reduced(ranks: dict[int, list[dict]], picked: Callable[[dict], bool] = lambda call: True) -> str | None:
+    """The one judge of an all-reduce of rank + 1 (a script's check_all_reduce, notebook 01's cell), over each rank's
+    record: its first dist.all_reduce that ``picked`` keeps sums (op SUM) rank + 1 and leaves 1 + ... + N on the
+    rank. None where it holds, and for a rank that called none (whoever asks judges that)."""
+    world = len(ranks)
+    for rank, events in sorted(ranks.items()):
+        call = next((c for c in _of(events, "collective", name="all_reduce", phase="enter") if picked(c)), None)
         if call is None:
             continue
         if call.get("op") not in (None, "SUM"):
@@ -711,6 +717,9 @@ RULES = (
     Rule("the files: model.pt in plain keys and metrics.json", workshop_files, ALL,
          says=(((1,), lambda c: "and saved the model"), ((2,), lambda c: "and saved its replica"),
                (DDP, lambda c: "and saved the plain model"))),
+    Rule("setup, as rank 3 of 4 on a made-up node with 2 GPUs, makes its own GPU current and joins with NCCL",
+         lambda c: made_up_rank.on_a_gpu_node(c.source, c.name)[1], ALL,
+         says=(((1,), lambda c: made_up_rank.on_a_gpu_node(c.source, c.name)[0]),)),
     Rule("what rank 0 logs is the sum, or the mean, over every rank's batches", logged, STEPS,
          says=((STEPS, lambda c: "the logged loss is the mean over all ranks"),)),
     Rule("every rank leaves the group, in a finally", left_the_group, ANY,

@@ -8,7 +8,7 @@
 
 Each script runs on two single-process "nodes" (Gloo; :mod:`runner`) as ``python script.py`` would run it, judged by
 invariants over what the run recorded (:mod:`rules`, one table). A workshop step runs with 200 molecules and 2
-epochs and is judged by every rule of its step; step 4 also resumes (:mod:`resume`); then ``setup`` runs as rank 3
+epochs and is judged by every rule of its step: step 4 also resumes (:mod:`resume`), and ``setup`` runs as rank 3
 of 4 on a node with 2 GPUs (:mod:`made_up_rank`). Any other script runs with its own arguments, in this folder, and
 is judged by the rules that hold for any DDP script. A ✓ line and exit code 0 when everything measured holds, else
 ✗ and 1; a file that is not a Python script, one line and 2.
@@ -27,7 +27,6 @@ from workshop_lib.debug import scriptfile
 from workshop_lib.debug.scriptfile import refused
 from workshop_lib.engine import rules, runner
 from workshop_lib.engine.common import verdict
-from workshop_lib.engine.made_up_rank import on_a_gpu_node
 from workshop_lib.engine.recorder import passes
 from workshop_lib.errors import WorkshopError
 from workshop_lib.paths import lab_root
@@ -78,9 +77,9 @@ def _item(path: Path, step: int | None, work: Path, name: str, argv: Sequence[st
 
 def judge(path: Path, step: int | None, work: Path, argv: Sequence[str] = ()) -> tuple[str, str]:
     """('done' | 'wrong', one line): the script's run judged by every rule of :data:`rules.RULES` that applies to it
-    (those that judge other runs start them: the data at other world sizes, step 4's resume), then a workshop step's
-    ``setup`` on a made-up GPU node. A script that is not a workshop step (``step`` None) runs with ``argv`` in this
-    folder."""
+    (those that judge other runs start them: the data at other world sizes, step 4's resume; a workshop step's
+    ``setup`` runs on a made-up GPU node). A script that is not a workshop step (``step`` None) runs with ``argv`` in
+    this folder."""
     work.mkdir(parents=True)
     run = runner.run(_item(path, step, work, "out", argv))
     if not any(run.ranks.values()):
@@ -90,7 +89,7 @@ def judge(path: Path, step: int | None, work: Path, argv: Sequence[str] = ()) ->
     case = rules.Case(run, step, epochs, path.read_text(), path.name, rules.read_metrics(work / "out"),
                       again=lambda name, **item: runner.run(_item(path, step, work, name, argv, **item)),
                       out=work / "out")
-    message = rules.first_mistake(case) or (on_a_gpu_node(path) if step is not None else None)
+    message = rules.first_mistake(case)
     if message is not None:
         return "wrong", f"{path.name}: {message}"
     line = rules.passed(case)

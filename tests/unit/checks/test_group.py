@@ -193,6 +193,26 @@ def test_a_wrong_setup_is_named(edits, message):
     assert message.format(cpu_init=cpu_init) in in_213_words(str(failed.value)), failed.value
 
 
+def test_the_made_up_node_keeps_what_setup_called_in_the_one_record():
+    """The made-up node's fakes keep no record of their own: set_device and init_process_group go to a Recorder, with
+    the learner's line, in the events the real run's record has (init: enter, then exit with the rank joined as)."""
+    text = (REPO / "solutions" / "step1_process_group.py").read_text()
+    mistake, events = made_up_rank._on_a_gpu_node(setup_with())
+    assert mistake is None
+    called = [e for e in events if e["kind"] in ("set_device", "init")]
+    assert [(e["kind"], e.get("phase")) for e in called] == [("set_device", None), ("init", "enter"), ("init", "exit")]
+    set_device, init, joined = called
+    assert (set_device["index"], set_device["line"]) == (1, _line(text, "torch.cuda.set_device(device)"))
+    assert (init["backend"], init["given_device_id"], init["line"]) == ("nccl", "cuda:1", _line(text, GPU_INIT.strip()))
+    assert (joined["rank"], joined["world_size"]) == (3, 4)
+    wrong = made_up_rank._on_a_gpu_node(setup_with((LOCAL, 'int(os.environ["RANK"])')))[0]  # judged from that record
+    assert "setup called torch.cuda.set_device with [3], the global rank" in wrong
+
+
+def _line(text: str, code: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if code in line)
+
+
 # Setups that a real run of 2 ranks on this machine rejects (torchrun --standalone --nproc_per_node=2 here), each
 # passed by the check when it ran setup as a made-up rank: the check now names torch's own error, the line, the fix.
 
@@ -290,6 +310,22 @@ def _reduce_on(device):
     value = torch.tensor([dist.get_rank() + 1.0], device=device)
     dist.all_reduce(value)
     assert value.tolist() == [3.0]
+
+
+def _reduce_max_on(device):
+    value = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_cell_and_the_script_checker_judge_an_all_reduce_with_one_judge():
+    """check.all_reduce's verdict on a wrong op is rules.all_reduced's, the script checker's check_all_reduce rule's,
+    with the learner's line."""
+    line = inspect.getsourcelines(_reduce_max_on)[1] + 2
+    with pytest.raises(common.CheckFailed) as failed:
+        group.all_reduce(_reduce_max_on)
+    assert str(failed.value) == f"rank 0 used op=MAX (line {line}): summing needs op=dist.ReduceOp.SUM"
 
 
 @pytest.mark.slow

@@ -415,7 +415,7 @@ def test_all_reduce_passes(capsys):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("fn", "message"), [
     (reduce_max, "rank 0 used op=MAX"),
-    (reduce_rank_only, r"rank 0 contributed \[0.0\], expected \[1.0\]"),
+    (reduce_rank_only, r"rank 0 contributed \[0.0\] \(line \d+\), expected \[1.0\]: each rank contributes its rank \+ 1"),
     (reduce_never, "no rank called dist.all_reduce"),
 ])
 def test_all_reduce_names_the_mistake(fn, message):

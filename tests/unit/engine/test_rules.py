@@ -153,7 +153,8 @@ def test_the_tick_of_steps_1_and_2_says_what_was_measured():
                 e["indices"] = order(e["epoch_pass"])
     assert rules.passed(case(whole, step=1)) == (
         "2 ranks joined one group and all-reduced 1 + 2 = 3; 2 epochs: each read all 144 training molecules; rank 0 "
-        "alone evaluated all 36 dev molecules each epoch and saved the model; every rank left the group")
+        "alone evaluated all 36 dev molecules each epoch and saved the model; as rank 3 of 4 on a made-up node with 2 "
+        "GPUs, setup chose NCCL on cuda:1; every rank left the group")
     drifted = good_run()
     drifted.params[1] = [np.array([1, 1, 1.25], np.float32)] * 2
     assert "; the replicas drifted apart (spread 0.25 after the last step); " in rules.passed(case(drifted, 2))
@@ -208,6 +209,45 @@ def test_summing_reads_check_all_reduces_values(change, expected):
 
 def test_the_totals_all_reduce_is_not_check_all_reduces():
     assert rules.summed(case()) is None  # its values are the loss sums, but it is not in check_all_reduce
+
+
+def test_one_judge_of_an_all_reduce_of_rank_plus_one_reads_any_record_of_it():
+    """rules.all_reduced: the judge of the script's check_all_reduce and of notebook 01's cell (checks.group)."""
+    run = changed({"kind": "collective", "seq": 1, "phase": "exit"}, {"after": [2.0]}, on=(1,))
+    assert rules.all_reduced(run.ranks) == f"rank 1 got [2.0] from the all_reduce (line {CHECK}), expected [3.0]"
+    assert rules.all_reduced(good_run().ranks) is None
+    assert rules.all_reduced({0: [], 1: []}) is None  # no call: the caller says so (the cell) or another rule does
+
+
+# ----------------------------------------------------------------------------- the made-up GPU node, a row
+
+
+SET_DEVICE = "        torch.cuda.set_device(device)\n"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (SOURCE.replace('int(os.environ["LOCAL_RANK"])', 'int(os.environ["RANK"])', 1),
+     "setup as a made-up rank 3 of 4 (nothing joined): as local rank 1 on a node with 2 GPUs, setup called "
+     "torch.cuda.set_device with [3], the global rank"),
+    (SOURCE.replace(SET_DEVICE, ""), "setup as a made-up rank 3 of 4 (nothing joined): as local rank 1 on a node "
+                                     "with 2 GPUs, setup never called torch.cuda.set_device"),
+    (SOURCE.replace('dist.init_process_group("nccl",', 'dist.init_process_group("gloo",'),
+     "setup as a made-up rank 3 of 4 (nothing joined): on a node with 2 GPUs setup joined with backend 'gloo', which "
+     "has no nccl for cuda tensors"),
+], ids=["set_device_global_rank", "no_set_device", "gloo_on_gpus"])
+def test_the_made_up_gpu_node_is_a_row_judged_from_its_record(text, expected):
+    """A step's setup runs as rank 3 of 4 on a made-up node with 2 GPUs, judged by its row of the table from the
+    Recorder that kept what it called; a run the CPU rules pass is then named by it."""
+    assert SET_DEVICE in SOURCE
+    assert first(case(source=text)).startswith(expected), first(case(source=text))
+
+
+def test_the_tick_claims_the_made_up_node_only_where_it_ran_setup():
+    assert "as rank 3 of 4 on a made-up node with 2 GPUs, setup chose NCCL on cuda:1" in rules.passed(case(step=1))
+    no_setup = SOURCE.replace("def setup(", "def join(")
+    assert first(case(source=no_setup, step=1)) is None  # nothing measured, nothing named
+    assert "made-up" not in rules.passed(case(source=no_setup, step=1))
+    assert "made-up" not in rules.passed(case(step=None))  # not a workshop step: the row is not judged
 
 
 def test_a_crash_is_named_with_its_line_and_the_peer_that_lost_it_is_not():
@@ -585,8 +625,10 @@ def test_a_script_that_is_not_a_workshop_step_is_judged_by_the_rules_for_any_ddp
                         "every rank loads the same split", "every rank reads the training data every epoch",
                         "rank 0 alone evaluates the whole dev set once an epoch, through the plain model",
                         "the files: model.pt in plain keys and metrics.json",
-                        "what rank 0 logs is the sum, or the mean, over every rank's batches"]
-    assert all(holds.startswith("step 4's ") for holds in left[6:]) and len(left) == 12  # its resume, 6 rows
+                        "setup, as rank 3 of 4 on a made-up node with 2 GPUs, makes its own GPU current and joins "
+                        "with NCCL"]
+    assert left[6] == "what rank 0 logs is the sum, or the mean, over every rank's batches"
+    assert all(holds.startswith("step 4's ") for holds in left[7:]) and len(left) == 13  # its resume, 6 rows
     no_eval = changed({"kind": "evaluate"}, drop=True)
     no_eval = changed({"kind": "pass", "split": "dev"}, drop=True, run=no_eval)
     no_eval = changed({"kind": "fetched", "split": "dev"}, drop=True, run=no_eval)

@@ -333,6 +333,10 @@ def test_each_line_states_what_was_measured(verdicts):
         "step3_ddp.py: 2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each "
         "epoch; spread after every step 0.0; rank 0 alone evaluated all 36 dev molecules each epoch and saved the "
         "plain model; the logged loss is the mean over all ranks; at 1 and 3 ranks the shards held too")
+    assert verdicts["step1"][1] == (  # the made-up GPU node's row claims what it measured, at step 1
+        "step1_process_group.py: 2 ranks joined one group and all-reduced 1 + 2 = 3; 2 epochs: each read all 144 "
+        "training molecules; rank 0 alone evaluated all 36 dev molecules each epoch and saved the model; as rank 3 of "
+        "4 on a made-up node with 2 GPUs, setup chose NCCL on cuda:1; every rank left the group")
     assert "note: find_unused_parameters=True" in verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1]
 
 

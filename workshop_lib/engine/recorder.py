@@ -297,8 +297,12 @@ def _set_epoch(rec: Recorder, sampler, epoch) -> None:
 
 def _init(rec: Recorder, real):
     def observe(backend=None, *args, **kw):
-        given = {k: kw[k] for k in ("rank", "world_size", "device_id", "init_method") if k in kw}
-        rec.add("init", phase="enter", backend=str(backend), store="store" in kw, timeout="timeout" in kw,
+        try:  # by name, however the script passed them: init_process_group("gloo", "tcp://...") names init_method
+            bound = inspect.signature(real).bind_partial(backend, *args, **kw).arguments
+        except TypeError:  # arguments torch refuses: its own error says so, below
+            bound = kw
+        given = {k: bound[k] for k in ("rank", "world_size", "device_id", "init_method") if k in bound}
+        rec.add("init", phase="enter", backend=str(backend), store="store" in bound, timeout="timeout" in bound,
                 **{f"given_{k}": str(v) if k == "device_id" else v for k, v in given.items()})
         out = real(backend, *args, **kw)
         rec.add("init", line=False, phase="exit", rank=dist.get_rank(), world_size=dist.get_world_size())

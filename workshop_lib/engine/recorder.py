@@ -434,7 +434,8 @@ def recording(rec: Recorder) -> Iterator[Recorder]:
 
 # ----------------------------------------------------------------------------- reading the records
 
-# A rank whose collective failed because a peer went away, or waited out the group's timeout: not the culprit.
+# Torch's words are the one source of these two: a rank whose collective raised because a peer went away (gloo's
+# "Connection closed by peer", "Connection reset by peer"), or because the group's own timeout passed. Not the culprit.
 _LOST = ("Connection closed", "Connection reset", "Broken pipe", "lost contact", "connection refused",
          "Connection refused", "ECONNRESET", "EPIPE", "peer", "Socket closed")
 _TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
@@ -460,8 +461,9 @@ def end(events: list[dict]) -> dict | None:
 
 
 def how(events: list[dict]) -> str:
-    """The record's 'returned', 'exit', 'raised' (:func:`~workshop_lib.launching.ends.record`), or of a raise 'lost' (a
-    peer went away) or 'timed out' (the group's timeout); 'stopped' where the rank left no record."""
+    """The end record's own ``how`` (:mod:`~workshop_lib.launching.ends`): 'returned', 'exit', 'raised', 'killed' (its
+    process died), 'waiting' or 'timed out' (the runner stopped it); of a raise, where torch's words say so, 'lost'
+    (a peer went away) or 'group timeout' (the group's timeout); 'stopped' where the rank left no record at all."""
     e = end(events)
     if e is None:
         return "stopped"
@@ -469,7 +471,7 @@ def how(events: list[dict]) -> str:
         return e["how"]
     message = e.get("message") or ""
     if any(s in message for s in _TIMED_OUT):
-        return "timed out"
+        return "group timeout"
     if any(s in message for s in _LOST):
         return "lost"
     return "raised"

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import math
 import os
 import queue
 import re
+import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 from workshop_lib.authoring import scripts, spans
 from workshop_lib.config import TrainConfig
@@ -44,7 +45,7 @@ class Run:
     """How one lab run ended: finished (each rank's measures), hung (the watch's record), or failed (errors)."""
 
     name: str
-    results: list[dict] | None = None  # per rank: {"steps", "spread", "wrapper", "find_unused"} when all finished
+    results: list[dict] | None = None  # per rank, when all finished: {"steps", "spread", "wrapper", "find_unused"}
     record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
     errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it (its first sentence)
     messages: dict[int, str] = field(default_factory=dict)  # rank -> its traceback from train() down, error whole
@@ -88,48 +89,43 @@ def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callabl
 
 
 def _rank(env, train: Callable, cfg: TrainConfig, debug: str | None = None) -> dict:
-    """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
-    import torch
+    """In each forked rank: the lab's train(), recorded (:mod:`workshop_lib.engine.recorder`: its optimizer steps, the
+    options DDP was given, the model evaluate() got); its record, and its weights after its last step."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from workshop_lib import metrics
+    from workshop_lib.engine import recorder, runner
 
     if debug:  # what TORCH_DISTRIBUTED_DEBUG=debug in the job's environment sets
         dist.set_debug_level(getattr(dist.DebugLevel, debug))
-
-    steps, params, wrapper, find_unused = [], [], [], []
-
-    def count(optimizer, args, kwargs):
-        steps.append(1)
-        params[:] = [p for group in optimizer.param_groups for p in group["params"]]
-
-    def spy(model, *args, **kwargs):  # which model does evaluate() get?
-        wrapper.append(isinstance(model, DDP))
-        return evaluate(model, *args, **kwargs)
-
-    def noted(self, *args, **kwargs):  # which options did train() give DDP?
-        find_unused.append(bool(kwargs.get("find_unused_parameters")))
-        construct(self, *args, **kwargs)
-
     os.chdir(lab_root())  # file names in the watch's report relative to the clone, as in a terminal
-    evaluate, construct = train.__globals__.get("evaluate"), DDP.__init__
-    if callable(evaluate):  # this rank's copy of the lab's namespace
-        train.__globals__["evaluate"] = spy
-    hook = register_optimizer_step_post_hook(count)
+    folder = Path(tempfile.mkdtemp(prefix="hanglab-"))
+    rec, imported = recorder.Recorder(folder / "rank"), metrics.evaluate
     try:
-        with mock.patch.object(DDP, "__init__", noted):  # this forked rank's DDP only
+        with recorder.recording(rec):
+            if train.__globals__.get("evaluate") is imported:  # the lab's cells imported it before the record's
+                train.__globals__["evaluate"] = metrics.evaluate  # observer was on: this rank's copy gets the observer
             train(cfg, env.rank, env.world_size, env.device)
+        rec.close()
+        weights = runner.params(folder / "rank", rec.events)
     finally:
-        hook.remove()
-    mine = torch.nn.utils.parameters_to_vector(params).detach() if params else torch.zeros(0)  # (P,)
-    sizes: list = [None] * env.world_size
-    dist.all_gather_object(sizes, mine.numel())
-    spread = None
-    if len(set(sizes)) == 1 and sizes[0]:
-        everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
-        dist.all_gather(everyone, mine)
-        spread = max((w - everyone[0]).abs().max().item() for w in everyone)
-    return {"steps": len(steps), "spread": spread, "wrapper": any(wrapper), "find_unused": any(find_unused)}
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"events": rec.events, "weights": weights[-1] if weights else None}
+
+
+def _measured(returned: list[dict]) -> list[dict]:
+    """Each rank's measures, read from its record: its optimizer steps, the replicas' spread after the last one (None:
+    a rank that took none, or models of different sizes), whether evaluate() got the DDP wrapper, and whether DDP was
+    given find_unused_parameters=True."""
+    from workshop_lib.engine import recorder
+
+    weights = [r["weights"] for r in returned]
+    spread = recorder.spreads({r: [w] for r, w in enumerate(weights)})[0] if all(w is not None for w in weights) \
+        else None
+    spread = spread if spread is not None and math.isfinite(spread) else None
+    return [{"steps": len(recorder.steps(r["events"])), "spread": spread,
+             "wrapper": any(e["model"] == "DistributedDataParallel" for e in r["events"] if e["kind"] == "evaluate"),
+             "find_unused": any(e["find_unused"] for e in r["events"] if e["kind"] == "ddp")} for r in returned]
 
 
 def deadlocked(record: list[dict]) -> bool:
@@ -155,8 +151,8 @@ def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Calla
     tries = (None,) if speaks else (hang_after, 2 * hang_after, 4 * hang_after) if broken else (forklaunch.HANG_AFTER,)
     for wait in tries:
         try:
-            return Run(name, started=started, results=forklaunch.notebook_launch(
-                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks))
+            return Run(name, started=started, results=_measured(forklaunch.notebook_launch(
+                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks)))
         except forklaunch.HangError as err:
             run = Run(name, record=hangreport.load(err.record), started=started)
             if not broken or deadlocked(run.record):
@@ -183,13 +179,15 @@ def _failed(name: str, ended: list[dict], started: float) -> Run:
         mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
         if not mine:
             continue
-        below = [frame for frame in stack[mine[-1]:] if f"{os.sep}workshop_lib{os.sep}debug{os.sep}" not in frame[0]]
+        below = [frame for frame in stack[mine[-1]:] if not any(x in frame[0] for x in _INSTRUMENTS)]
         run.raised[rank] = (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
         run.messages[rank] = "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
                                           for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
     return run
 
 
+# The files of what watches and records a rank from outside, whose frames are left out of its traceback
+_INSTRUMENTS = (f"{os.sep}workshop_lib{os.sep}debug{os.sep}", f"{os.sep}workshop_lib{os.sep}engine{os.sep}recorder.py")
 _PACKAGE = re.compile(r"^.*/(?=(?:torch|workshop_lib)/)")  # a path from torch/ or workshop_lib/ on, as py-spy says it
 
 

@@ -141,7 +141,8 @@ def read_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
+def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
+    """The parameters after each optimizer step of ``events``, as the recorder wrote them to PREFIX.params."""
     path = Path(f"{prefix}.params")
     flat = np.fromfile(path, dtype=np.float32) if path.is_file() else np.zeros(0, np.float32)
     vectors, start = [], 0
@@ -154,8 +155,8 @@ def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
 
 def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
     ranks = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
-    params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
-    return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
+    weights = {r: params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
+    return Run(ranks, weights, hangreport.load(item.hang), stopped, seconds, output)
 
 
 class _Progress:

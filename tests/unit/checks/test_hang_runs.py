@@ -96,3 +96,23 @@ def test_the_cells_are_taken_as_last_run(monkeypatch):
     monkeypatch.setattr(scripts, "_ran", {cell.id: "def trian(cfg, rank, world_size, device):\n    pass"})
     with pytest.raises(WorkshopError, match="define no train"):
         hang_runs.load("hanglab3", broken=True)
+
+
+def test_a_fixs_measures_are_read_from_each_ranks_record():
+    """Steps, the DDP options and the model evaluate() got come from the recorder's events; the spread from the
+    weights after the last step."""
+    import numpy as np
+
+    def rank(steps, model, find_unused, weights):
+        events = [{"kind": "ddp", "find_unused": find_unused}, *({"kind": "step", "n": n} for n in range(steps)),
+                  {"kind": "evaluate", "model": model}]
+        return {"events": events, "weights": weights}
+
+    same = np.array([1.0, 2.0], np.float32)
+    assert hang_runs._measured([rank(6, "SmilesLSTM", False, same), rank(6, "SmilesLSTM", False, same.copy())]) == [
+        {"steps": 6, "spread": 0.0, "wrapper": False, "find_unused": False}] * 2
+    apart = hang_runs._measured([rank(6, "DistributedDataParallel", True, same), rank(5, "SmilesLSTM", True, same + 0.5)])
+    assert [(m["steps"], m["spread"], m["wrapper"], m["find_unused"]) for m in apart] == [
+        (6, 0.5, True, True), (5, 0.5, False, True)]
+    assert {m["spread"] for m in hang_runs._measured([rank(0, "x", False, None), rank(1, "x", False, same)])} == {None}
+    assert {m["spread"] for m in hang_runs._measured([rank(1, "x", False, same), rank(1, "x", False, same[:1])])} == {None}

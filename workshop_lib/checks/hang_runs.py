@@ -42,18 +42,46 @@ TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cel
 
 @dataclass
 class Run:
-    """How one lab run ended: finished (each rank's measures), hung (the watch's record), or failed (errors)."""
+    """How one lab run ended, as its records say: finished (``results``: each rank's measures, from its record of
+    calls), hung (``record``: the watch's blocks), or not (``ends``: the end record of each rank that raised, died,
+    waited or did not finish in time, :mod:`workshop_lib.launching.ends`); what the labs read of the ends follows."""
 
     name: str
     results: list[dict] | None = None  # per rank, when all finished: {"steps", "spread", "wrapper", "find_unused"}
     record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
-    errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it (its first sentence)
-    messages: dict[int, str] = field(default_factory=dict)  # rank -> its traceback from train() down, error whole
-    # rank -> (line of train() it raised at, its code, the functions it was in below train(), outermost first)
-    raised: dict[int, tuple[int, str, tuple[str, ...]]] = field(default_factory=dict)
-    timed_out: bool = False
+    ends: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     script: str | None = None  # the lab script a terminal run ran (its lines count from its train() too)
+
+    @property
+    def timed_out(self) -> bool:
+        return any(end["how"] == "timed out" for end in self.ends)
+
+    @property
+    def errors(self) -> dict[int, str]:
+        """rank -> the error that ended it (its first sentence), or its exit code."""
+        return {end["rank"]: first_sentence(f"{end['type']}: {end['message']}", 200) if end["how"] == "raised" else
+                f"exit code {end.get('code')}" for end in self.ends if end["how"] in ("raised", "exit", "killed")}
+
+    @property
+    def raised(self) -> dict[int, tuple[int, str, tuple[str, ...]]]:
+        """rank -> where in train() it raised: the line, its code, the functions it was in below, outermost first."""
+        return {end["rank"]: (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
+                for end in self.ends if (below := _below_train(end))}
+
+    @property
+    def messages(self) -> dict[int, str]:
+        """rank -> its traceback from train() down, paths from torch/ or workshop_lib/, its error whole."""
+        return {end["rank"]: "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
+                                          for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
+                for end in self.ends if (below := _below_train(end))}
+
+
+def _below_train(end: dict) -> list[list]:
+    """A raise's frames from the innermost of train()'s down, the instruments' left out; none if it was not in train()."""
+    stack = (end.get("frames") or []) if end["how"] == "raised" else []
+    mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
+    return [frame for frame in stack[mine[-1]:] if not any(x in frame[0] for x in _INSTRUMENTS)] if mine else []
 
 
 def _lab(name: str) -> str:
@@ -154,35 +182,11 @@ def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Calla
             return Run(name, started=started, results=_measured(forklaunch.notebook_launch(
                 _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks)))
         except forklaunch.HangError as err:
-            run = Run(name, record=hangreport.load(err.record), started=started)
+            run = Run(name, record=hangreport.load(err.record), ends=err.ends, started=started)
             if not broken or deadlocked(run.record):
                 return run
-        except forklaunch.LaunchTimeout:
-            return Run(name, timed_out=True, started=started)
-        except forklaunch.RanksFailed as err:
-            return _failed(name, err.ends, started)
-    return run
-
-
-def _failed(name: str, ended: list[dict], started: float) -> Run:
-    """A failed run, read from each rank's end record (:mod:`workshop_lib.launching.ends`): its error (first sentence),
-    where in train() it raised (line, code, the functions below, the watch's wrappers left out), and its traceback
-    from train() down, paths from torch/ or workshop_lib/, its error whole."""
-    run = Run(name, started=started)
-    for end in ended:
-        rank = end["rank"]
-        if end["how"] != "raised":
-            run.errors[rank] = f"exit code {end.get('code')}"
-            continue
-        run.errors[rank] = first_sentence(f"{end['type']}: {end['message']}", 200)
-        stack = end["frames"]
-        mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
-        if not mine:
-            continue
-        below = [frame for frame in stack[mine[-1]:] if not any(x in frame[0] for x in _INSTRUMENTS)]
-        run.raised[rank] = (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
-        run.messages[rank] = "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
-                                          for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
+        except forklaunch.RanksFailed as err:  # a LaunchTimeout too: its ends say "timed out"
+            return Run(name, ends=err.ends, started=started)
     return run
 
 
@@ -260,12 +264,11 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0, hang
                 stacks.main([str(proc.pid), "--width", "56"])
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        run.timed_out = True
+        run.ends = [{"rank": rank, "how": "timed out", "time": time.time()} for rank in range(2)]
     finally:
         kill_tree(proc, grace=5)
         reader.join(timeout=5)
     said = _torch_said(list(lines.queue), script)
-    run.messages = {r: x[-1].strip() for r, x in said.items()}
     if said:
         print(f"{timeout:g} s into the hang, the group's timeout ends the job; torch's own error, as each rank "
               f"printed it (its last frame in the script, then the error):")

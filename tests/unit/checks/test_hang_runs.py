@@ -28,7 +28,7 @@ KILLED = {"rank": 1, "how": "killed", "code": -15, "signal": "SIGTERM", "time": 
 
 
 def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_end_record():
-    run = hang_runs._failed("hanglab5", [RAISED, KILLED], started=1.0)
+    run = hang_runs.Run("hanglab5", ends=[RAISED, KILLED], started=1.0)
     assert run.errors == {
         0: "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one",
         1: "exit code -15"}
@@ -41,6 +41,7 @@ def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_
     assert run.messages[0].splitlines()[4].startswith("RuntimeError: Expected to have finished reduction")
     assert run.messages[0].endswith("either INFO or DETAIL")  # whole: torch's hint and the indices kept
     assert "find_unused_parameters=True" in run.messages[0] and "for rank 0: 13 14" in run.messages[0]
+    assert not run.timed_out and hang_runs.Run("x", ends=[{"rank": 0, "how": "timed out", "time": 1.0}]).timed_out
 
 
 def test_torchs_own_error_is_each_ranks_last_line_of_the_script_and_its_error():

@@ -350,7 +350,10 @@ def test_each_prediction_of_05_is_a_call_and_an_exact_line():
             found[m.group(1)] = eval(re.search(r"^waits = (\{.*\})$", cell.source, re.M).group(1))  # the cell's literal
     assert set(found) == set(hang_labs.BATCH)
     assert {name: found[name] for name in HANGS} == HANGS
-    run = hang_labs.Run("hanglab1", raised={0: (24, "print(...)", ("all_reduce",)), 1: (26, "x", ("all_gather",))})
+    frames = {0: (24, "print(...)", "all_reduce"), 1: (26, "x", "all_gather")}
+    run = hang_labs.Run("hanglab1", ends=[{"rank": r, "how": "raised", "frames": [["train-cell", line, "train", code],
+                                                                                  ["torch/x.py", 1, call, "y"]]}
+                                          for r, (line, code, call) in frames.items()])
     assert not any(wrong for wrong, _ in hang_labs._compare(run, found["hanglab1"]))
     off = {0: ("all_reduce", 25), 1: ("all_gather", 26)}
     assert [wrong is None for wrong, _ in hang_labs._compare(run, off)] == [False, True]

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import math
 import os
 import queue
 import re
+import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 from workshop_lib.authoring import scripts, spans
 from workshop_lib.config import TrainConfig
@@ -41,18 +42,46 @@ TRAIN_CELL, SHARED_CELL = "train-cell", "shared-cell"  # the names the lab's cel
 
 @dataclass
 class Run:
-    """How one lab run ended: finished (each rank's measures), hung (the watch's record), or failed (errors)."""
+    """How one lab run ended, as its records say: finished (``results``: each rank's measures, from its record of
+    calls), hung (``record``: the watch's blocks), or not (``ends``: the end record of each rank that raised, died,
+    waited or did not finish in time, :mod:`workshop_lib.launching.ends`); what the labs read of the ends follows."""
 
     name: str
-    results: list[dict] | None = None  # per rank: {"steps", "spread", "wrapper", "find_unused"} when all finished
+    results: list[dict] | None = None  # per rank, when all finished: {"steps", "spread", "wrapper", "find_unused"}
     record: list[dict] = field(default_factory=list)  # the hang watch's saved blocks, when the ranks hung
-    errors: dict[int, str] = field(default_factory=dict)  # rank -> the error that ended it (its first sentence)
-    messages: dict[int, str] = field(default_factory=dict)  # rank -> its traceback from train() down, error whole
-    # rank -> (line of train() it raised at, its code, the functions it was in below train(), outermost first)
-    raised: dict[int, tuple[int, str, tuple[str, ...]]] = field(default_factory=dict)
-    timed_out: bool = False
+    ends: list[dict] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     script: str | None = None  # the lab script a terminal run ran (its lines count from its train() too)
+
+    @property
+    def timed_out(self) -> bool:
+        return any(end["how"] == "timed out" for end in self.ends)
+
+    @property
+    def errors(self) -> dict[int, str]:
+        """rank -> the error that ended it (its first sentence), or its exit code."""
+        return {end["rank"]: first_sentence(f"{end['type']}: {end['message']}", 200) if end["how"] == "raised" else
+                f"exit code {end.get('code')}" for end in self.ends if end["how"] in ("raised", "exit", "killed")}
+
+    @property
+    def raised(self) -> dict[int, tuple[int, str, tuple[str, ...]]]:
+        """rank -> where in train() it raised: the line, its code, the functions it was in below, outermost first."""
+        return {end["rank"]: (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
+                for end in self.ends if (below := _below_train(end))}
+
+    @property
+    def messages(self) -> dict[int, str]:
+        """rank -> its traceback from train() down, paths from torch/ or workshop_lib/, its error whole."""
+        return {end["rank"]: "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
+                                          for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
+                for end in self.ends if (below := _below_train(end))}
+
+
+def _below_train(end: dict) -> list[list]:
+    """A raise's frames from the innermost of train()'s down, the instruments' left out; none if it was not in train()."""
+    stack = (end.get("frames") or []) if end["how"] == "raised" else []
+    mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
+    return [frame for frame in stack[mine[-1]:] if not any(x in frame[0] for x in _INSTRUMENTS)] if mine else []
 
 
 def _lab(name: str) -> str:
@@ -88,48 +117,43 @@ def load(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Callabl
 
 
 def _rank(env, train: Callable, cfg: TrainConfig, debug: str | None = None) -> dict:
-    """In each forked rank: the lab's train(), then what the check measures itself (optimizer steps, replicas)."""
-    import torch
+    """In each forked rank: the lab's train(), recorded (:mod:`workshop_lib.engine.recorder`: its optimizer steps, the
+    options DDP was given, the model evaluate() got); its record, and its weights after its last step."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from workshop_lib import metrics
+    from workshop_lib.engine import recorder, runner
 
     if debug:  # what TORCH_DISTRIBUTED_DEBUG=debug in the job's environment sets
         dist.set_debug_level(getattr(dist.DebugLevel, debug))
-
-    steps, params, wrapper, find_unused = [], [], [], []
-
-    def count(optimizer, args, kwargs):
-        steps.append(1)
-        params[:] = [p for group in optimizer.param_groups for p in group["params"]]
-
-    def spy(model, *args, **kwargs):  # which model does evaluate() get?
-        wrapper.append(isinstance(model, DDP))
-        return evaluate(model, *args, **kwargs)
-
-    def noted(self, *args, **kwargs):  # which options did train() give DDP?
-        find_unused.append(bool(kwargs.get("find_unused_parameters")))
-        construct(self, *args, **kwargs)
-
     os.chdir(lab_root())  # file names in the watch's report relative to the clone, as in a terminal
-    evaluate, construct = train.__globals__.get("evaluate"), DDP.__init__
-    if callable(evaluate):  # this rank's copy of the lab's namespace
-        train.__globals__["evaluate"] = spy
-    hook = register_optimizer_step_post_hook(count)
+    folder = Path(tempfile.mkdtemp(prefix="hanglab-"))
+    rec, imported = recorder.Recorder(folder / "rank"), metrics.evaluate
     try:
-        with mock.patch.object(DDP, "__init__", noted):  # this forked rank's DDP only
+        with recorder.recording(rec):
+            if train.__globals__.get("evaluate") is imported:  # the lab's cells imported it before the record's
+                train.__globals__["evaluate"] = metrics.evaluate  # observer was on: this rank's copy gets the observer
             train(cfg, env.rank, env.world_size, env.device)
+        rec.close()
+        weights = runner.params(folder / "rank", rec.events)
     finally:
-        hook.remove()
-    mine = torch.nn.utils.parameters_to_vector(params).detach() if params else torch.zeros(0)  # (P,)
-    sizes: list = [None] * env.world_size
-    dist.all_gather_object(sizes, mine.numel())
-    spread = None
-    if len(set(sizes)) == 1 and sizes[0]:
-        everyone = [torch.empty_like(mine) for _ in range(env.world_size)]
-        dist.all_gather(everyone, mine)
-        spread = max((w - everyone[0]).abs().max().item() for w in everyone)
-    return {"steps": len(steps), "spread": spread, "wrapper": any(wrapper), "find_unused": any(find_unused)}
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"events": rec.events, "weights": weights[-1] if weights else None}
+
+
+def _measured(returned: list[dict]) -> list[dict]:
+    """Each rank's measures, read from its record: its optimizer steps, the replicas' spread after the last one (None:
+    a rank that took none, or models of different sizes), whether evaluate() got the DDP wrapper, and whether DDP was
+    given find_unused_parameters=True."""
+    from workshop_lib.engine import recorder
+
+    weights = [r["weights"] for r in returned]
+    spread = recorder.spreads({r: [w] for r, w in enumerate(weights)})[0] if all(w is not None for w in weights) \
+        else None
+    spread = spread if spread is not None and math.isfinite(spread) else None
+    return [{"steps": len(recorder.steps(r["events"])), "spread": spread,
+             "wrapper": any(e["model"] == "DistributedDataParallel" for e in r["events"] if e["kind"] == "evaluate"),
+             "find_unused": any(e["find_unused"] for e in r["events"] if e["kind"] == "ddp")} for r in returned]
 
 
 def deadlocked(record: list[dict]) -> bool:
@@ -155,41 +179,19 @@ def launch(name: str, broken: bool, notebook: str | Path = NOTEBOOK, edit: Calla
     tries = (None,) if speaks else (hang_after, 2 * hang_after, 4 * hang_after) if broken else (forklaunch.HANG_AFTER,)
     for wait in tries:
         try:
-            return Run(name, started=started, results=forklaunch.notebook_launch(
-                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks))
+            return Run(name, started=started, results=_measured(forklaunch.notebook_launch(
+                _rank, 2, train, cfg, debug, timeout=TIMEOUT, hang_after=wait, group_timeout=speaks)))
         except forklaunch.HangError as err:
-            run = Run(name, record=hangreport.load(err.record), started=started)
+            run = Run(name, record=hangreport.load(err.record), ends=err.ends, started=started)
             if not broken or deadlocked(run.record):
                 return run
-        except forklaunch.LaunchTimeout:
-            return Run(name, timed_out=True, started=started)
-        except forklaunch.RanksFailed as err:
-            return _failed(name, err.ends, started)
+        except forklaunch.RanksFailed as err:  # a LaunchTimeout too: its ends say "timed out"
+            return Run(name, ends=err.ends, started=started)
     return run
 
 
-def _failed(name: str, ended: list[dict], started: float) -> Run:
-    """A failed run, read from each rank's end record (:mod:`workshop_lib.launching.ends`): its error (first sentence),
-    where in train() it raised (line, code, the functions below, the watch's wrappers left out), and its traceback
-    from train() down, paths from torch/ or workshop_lib/, its error whole."""
-    run = Run(name, started=started)
-    for end in ended:
-        rank = end["rank"]
-        if end["how"] != "raised":
-            run.errors[rank] = f"exit code {end.get('code')}"
-            continue
-        run.errors[rank] = first_sentence(f"{end['type']}: {end['message']}", 200)
-        stack = end["frames"]
-        mine = [i for i, frame in enumerate(stack) if frame[0] == TRAIN_CELL]
-        if not mine:
-            continue
-        below = [frame for frame in stack[mine[-1]:] if f"{os.sep}workshop_lib{os.sep}debug{os.sep}" not in frame[0]]
-        run.raised[rank] = (below[0][1], below[0][3].split("  # ")[0], tuple(frame[2] for frame in below[1:]))
-        run.messages[rank] = "\n".join([*(f'  File "{_PACKAGE.sub("", file)}", line {line}, in {fn}\n    {code}'
-                                          for file, line, fn, code in below), f"{end['type']}: {end['detail']}"])
-    return run
-
-
+# The files of what watches and records a rank from outside, whose frames are left out of its traceback
+_INSTRUMENTS = (f"{os.sep}workshop_lib{os.sep}debug{os.sep}", f"{os.sep}workshop_lib{os.sep}engine{os.sep}recorder.py")
 _PACKAGE = re.compile(r"^.*/(?=(?:torch|workshop_lib)/)")  # a path from torch/ or workshop_lib/ on, as py-spy says it
 
 
@@ -262,12 +264,11 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0, hang
                 stacks.main([str(proc.pid), "--width", "56"])
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        run.timed_out = True
+        run.ends = [{"rank": rank, "how": "timed out", "time": time.time()} for rank in range(2)]
     finally:
         kill_tree(proc, grace=5)
         reader.join(timeout=5)
     said = _torch_said(list(lines.queue), script)
-    run.messages = {r: x[-1].strip() for r, x in said.items()}
     if said:
         print(f"{timeout:g} s into the hang, the group's timeout ends the job; torch's own error, as each rank "
               f"printed it (its last frame in the script, then the error):")

@@ -144,7 +144,8 @@ def _wrap(op: str, fn):
             raise
         _tell(seen, "leave", None)
         waiting = [(observer, token) for observer, token in seen if hasattr(observer, "waited")]
-        if waiting and result is not None and op in COLLECTIVES:
+        # torch's own callers keep their handle: DDP under Join hands it to its C++ reducer, which takes a Work only
+        if waiting and result is not None and op in COLLECTIVES and not _from_torch(sys._getframe(1)):
             import torch.distributed as dist
 
             if isinstance(result, dist.Work):
@@ -152,6 +153,12 @@ def _wrap(op: str, fn):
         return result
 
     return collective
+
+
+def _from_torch(frame) -> bool:
+    """Whether ``frame`` is in torch's own code (torch.nn.parallel, torch.distributed.algorithms.join, ...)."""
+    name = frame.f_globals.get("__name__", "")
+    return name == "torch" or name.startswith("torch.")
 
 
 def _tell(seen: list, method: str, error: BaseException | None) -> None:

@@ -155,25 +155,26 @@ def raised(err: Exception, why: str | None = None) -> str:
             + (f"; {why}" if why else ""))
 
 
-def rank_alone(record) -> str | None:
-    """A hang whose cause is a collective under a rank test: the waiting rank's line first, then the missing ranks',
-    read from the hang watch's ``record`` (each rank's frames) and the learner's code (:mod:`branches`)."""
+def rank_alone(ended: list[dict]) -> str | None:
+    """A hang whose cause is a collective under a rank test: the waiting rank's line first, then the ranks it waited
+    for, read from their ``waiting`` end records (:func:`~workshop_lib.launching.ends.waiting`: each rank's innermost
+    frame of the learner's) and the learner's code (:mod:`branches`)."""
     import ast
 
-    from workshop_lib.debug import hangreport
     from workshop_lib.engine import branches
 
-    block = next((b for b in hangreport.load(record) if b["waiting_for"]), None)
-    if block is None:
+    waiter = next((e for e in ended if e.get("waited_for")), None)
+    if waiter is None:
         return None
-    for rank in (block["rank"], *block["waiting_for"]):
-        file, line, _, code = (block["answers"].get(str(rank), {}).get("frames") or [[None] * 4])[-1]
+    by_rank = {e["rank"]: e for e in ended}
+    for end in (waiter, *(by_rank[r] for r in waiter["waited_for"] if r in by_rank)):
+        file, line, _, code = (end.get("frames") or [[None] * 4])[-1]
         found = file and branches.under_rank([(_text(file), line)])
         if found:
             call = next((n for n in ast.walk(branches.parse(code) or ast.Module([], [])) if isinstance(n, ast.Call)), None)
             name = ast.unparse(call.func).split(".")[-1] if call else "the call"
-            return (f"{name} (line {line}) is called by rank {rank} alone, under `if {found[2]}:` (line {found[1]}): "
-                    f"call it on every rank (it is a collective), or move it out of the block")
+            return (f"{name} (line {line}) is called by rank {end['rank']} alone, under `if {found[2]}:` (line "
+                    f"{found[1]}): call it on every rank (it is a collective), or move it out of the block")
     return None
 
 
@@ -194,7 +195,7 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend, hang_after=hang_after)
     except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
-        if alone := rank_alone(err.record):
+        if alone := rank_alone(err.ends):
             raise CheckFailed(alone) from None
         diagnosis = err.diagnosis
         raise CheckFailed(diagnosis if "every rank must" in diagnosis

@@ -295,12 +295,13 @@ def _set_epoch(rec: Recorder, sampler, epoch) -> None:
     rec.add("set_epoch", id=id(sampler), split=rec.split_of(sampler.dataset), epoch=int(epoch))
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
 def _init(rec: Recorder, real):
     def observe(backend=None, *args, **kw):
-        try:  # by name, however the script passed them: init_process_group("gloo", "tcp://...") names init_method
-            bound = inspect.signature(real).bind_partial(backend, *args, **kw).arguments
-        except TypeError:  # arguments torch refuses: its own error says so, below
-            bound = kw
+        positional = [p.name for p in inspect.signature(real).parameters.values() if p.kind in _POSITIONAL]
+        bound = {**dict(zip(positional, (backend, *args), strict=False)), **kw}  # init_process_group("gloo", "tcp://...") too
         given = {k: bound[k] for k in ("rank", "world_size", "device_id", "init_method") if k in bound}
         rec.add("init", phase="enter", backend=str(backend), store="store" in bound, timeout="timeout" in bound,
                 **{f"given_{k}": str(v) if k == "device_id" else v for k, v in given.items()})
@@ -438,7 +439,8 @@ def recording(rec: Recorder) -> Iterator[Recorder]:
 
 # ----------------------------------------------------------------------------- reading the records
 
-# A rank whose collective failed because a peer went away, or waited out the group's timeout: not the culprit.
+# Torch's words are the one source of these two: a rank whose collective raised because a peer went away (gloo's
+# "Connection closed by peer", "Connection reset by peer"), or because the group's own timeout passed. Not the culprit.
 _LOST = ("Connection closed", "Connection reset", "Broken pipe", "lost contact", "connection refused",
          "Connection refused", "ECONNRESET", "EPIPE", "peer", "Socket closed")
 _TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
@@ -464,8 +466,9 @@ def end(events: list[dict]) -> dict | None:
 
 
 def how(events: list[dict]) -> str:
-    """The record's 'returned', 'exit', 'raised' (:func:`~workshop_lib.launching.ends.record`), or of a raise 'lost' (a
-    peer went away) or 'timed out' (the group's timeout); 'stopped' where the rank left no record."""
+    """The end record's own ``how`` (:mod:`~workshop_lib.launching.ends`): 'returned', 'exit', 'raised', 'killed' (its
+    process died), 'waiting' or 'timed out' (the runner stopped it); of a raise, where torch's words say so, 'lost'
+    (a peer went away) or 'group timeout' (the group's timeout); 'stopped' where the rank left no record at all."""
     e = end(events)
     if e is None:
         return "stopped"
@@ -473,7 +476,7 @@ def how(events: list[dict]) -> str:
         return e["how"]
     message = e.get("message") or ""
     if any(s in message for s in _TIMED_OUT):
-        return "timed out"
+        return "group timeout"
     if any(s in message for s in _LOST):
         return "lost"
     return "raised"

@@ -23,9 +23,13 @@ from workshop_lib.debug.collectives import first_difference
 from workshop_lib.engine import branches, made_up_rank, resume, shards, source, torch_errors
 from workshop_lib.engine.recorder import _and, _at, _of, call_name, end, how, passes, split_sizes, spreads, steps, waiting_in
 from workshop_lib.engine.runner import Run
+from workshop_lib.launching import ends
 
 TOLERANCE = 1e-6  # the replicas' spread that counts as equal (DDP on CPU gives exactly 0.0)
 EVERY_COLLECTIVE = "every rank must call every collective, in the same order, or the others wait for it"
+# How a rank ended that the checker stopped (recorder.how): waiting where the watch saw it, else timed out; no
+# record at all (a run built by hand)
+STOPPED = ("waiting", "timed out", "stopped")
 
 
 @dataclass
@@ -286,8 +290,8 @@ def _waited(case: Case, ranks: list[int]) -> str:
         call = waiting_in(events) or next((c for c in reversed(_calls(events))), None)
         e = end(events) or {}
         where = f"{call_name(call)}{_at(call)}" if call else f"line {e['line']}" if e.get("line") else "its script"
-        then = {"lost": " until its connection to the others closed", "timed out": " until the group's timeout",
-                "stopped": " until the checker stopped it"}.get(how(events), "")
+        then = {"lost": " until its connection to the others closed", "group timeout": " until the group's timeout",
+                **dict.fromkeys(STOPPED, " until the checker stopped it")}.get(how(events), "")
         said.append(f"rank {rank} waited in {where}{then}")
     return "; ".join(said)
 
@@ -324,9 +328,9 @@ def same_collectives(case: Case) -> str | None:
     and the cause: a call under a rank condition, a rank that left the loop early, or one that skipped the call."""
     calls = {r: _calls(ev) for r, ev in sorted(case.ranks.items())}
     i = first_difference({r: [c.get("name", "backward") for c in cs] for r, cs in calls.items()})
-    stuck = [r for r, ev in sorted(case.ranks.items()) if how(ev) in ("lost", "timed out", "stopped")]
+    stuck = [r for r, ev in sorted(case.ranks.items()) if how(ev) in ("lost", "group timeout", *STOPPED)]
     if i is None:
-        if not stuck or any(how(ev) == "raised" for ev in case.ranks.values()):
+        if not stuck or any(how(ev) in ("raised", "killed") for ev in case.ranks.values()):
             return None
         return f"the ranks stopped making progress ({_waited(case, stuck)}): {EVERY_COLLECTIVE}"
     at = {r: cs[i] for r, cs in calls.items() if i < len(cs)}
@@ -335,7 +339,7 @@ def same_collectives(case: Case) -> str | None:
     each = ", ".join(f"rank {r} called {call_name(at[r])} at {_line_of(case, at[r])}" if r in at else
                      f"rank {r} called nothing more{ended.get(how(case.ranks[r]), ' (it was elsewhere in its script)')}"
                      for r in calls)
-    if any(how(case.ranks[r]) == "raised" for r in without):
+    if any(how(case.ranks[r]) in ("raised", "killed") for r in without):
         return None  # the rank that crashed called no more: the crash is the cause
     for call in at.values():
         found = branches.under_rank((case.source, line) for line in [call.get("line"), *reversed(call.get("via") or [])])
@@ -403,6 +407,8 @@ def crashed(case: Case) -> str | None:
     """Every rank ran to the end. A rank that raised (not a peer that lost contact with it): torch's words, and the
     learner's line that set it up where the record or the text shows one."""
     for rank, events in sorted(case.ranks.items()):
+        if how(events) == "killed":  # its process died, with no Python error to read: how, and its last lines
+            return ends.summary(end(events))
         if how(events) != "raised" or (case.reads and _of(events, "pass", split="train")):
             continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)

@@ -141,7 +141,8 @@ def read_events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
+def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
+    """The parameters after each optimizer step of ``events``, as the recorder wrote them to PREFIX.params."""
     path = Path(f"{prefix}.params")
     flat = np.fromfile(path, dtype=np.float32) if path.is_file() else np.zeros(0, np.float32)
     vectors, start = [], 0
@@ -154,8 +155,8 @@ def _params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
 
 def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
     ranks = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
-    params = {r: _params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
-    return Run(ranks, params, hangreport.load(item.hang), stopped, seconds, output)
+    weights = {r: params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
+    return Run(ranks, weights, hangreport.load(item.hang), stopped, seconds, output)
 
 
 class _Progress:
@@ -242,14 +243,31 @@ def run(item: Item) -> Run:
     try:
         ranks.start()
         done = ranks.wait(lambda: progress.update() or _why_stop(item, progress, started), every=0.05)
-        stopped = done if isinstance(done, str) else None
     finally:
         ranks.stop()
         del store
-    ended = all(_ended(item, r) for r in world)
-    if stopped is None and not ended:  # a rank's process ended without the script's end: killed, or crashed in C
-        stopped = "died"
-    elif stopped is not None and ended:  # it ended after all, while being stopped
-        stopped = None
+    stopped = done if isinstance(done, str) and not all(_ended(item, r) for r in world) else None  # (else it ended
+    for rank in world:  # after all, while being stopped)
+        _end_of_the_unended(item, rank, logs[rank], stopped, done.failed if not isinstance(done, str) else {})
     output = "".join(log.read_text(errors="replace") for log in logs if log.is_file())
     return load(item, stopped, time.monotonic() - started, output)
+
+
+def _end_of_the_unended(item: Item, rank: int, log: Path, stopped: str | None, died: dict[int, int | None]) -> None:
+    """The end record (:mod:`~workshop_lib.launching.ends`) of a rank that started the script and left none: its
+    process died (:func:`~workshop_lib.launching.ends.killed`: its exit code, signal and last lines); else the runner
+    stopped it (``stopped``; or at another rank's death): where the watch saw it wait (``waiting``), else ``timed
+    out``. A rank that left no record at all never started the script (:func:`workshop_lib.engine.script.judge`)."""
+    prefix = Path(f"{item.prefix}.rank{rank}")
+    if _ended(item, rank) or not read_events(Path(f"{prefix}.jsonl")):
+        return
+    if rank in died:
+        end = ends.killed(rank, died[rank], log.read_text(errors="replace") if log.is_file() else "",
+                          log.stat().st_mtime if log.is_file() else time.time())
+    else:
+        end = next((e for e in ends.waiting(hangreport.load(item.hang)) if e["rank"] == rank),
+                   {"rank": rank, "how": "timed out", "time": time.time()})
+        end["stopped"] = stopped or "another rank died"
+    rec = Recorder(prefix)
+    rec.add("end", line=end.pop("line", None), **end)
+    rec.close()

@@ -48,14 +48,17 @@ def killed(rank: int, code: int | None, output: str, when: float) -> dict:
 
 
 def waiting(blocks: list[dict]) -> list[dict]:
-    """Each rank's end in a hang, from the first block that the hang watch saved where a rank waits for another: the
-    call it waited in (None: in no collective), at its innermost frame of the learner's."""
-    block = next((b for b in blocks if b["waiting_for"]), {"answers": {}})
+    """Each rank's end in a hang, from the first block that the hang watch saved where a rank waits for another (else
+    its first block): the call it waited in (None: in no collective), at its innermost frame of the learner's;
+    ``frames``: the watch's frames of it, [file, line, function, code]; ``waited_for``: the ranks it waited for."""
+    block = next((b for b in blocks if b["waiting_for"]), None) or next(iter(blocks), {"answers": {}})
     found = []
     for rank, answer in sorted(block["answers"].items(), key=lambda item: int(item[0])):
         call, (file, line, function, _) = answer.get("current") or {}, (answer.get("frames") or [[None] * 4])[-1]
         found.append({"rank": int(rank), "how": "waiting", "call": f"{call['op']} #{call['seq']}" if call else None,
-                      "file": file, "line": line, "function": function, "time": time.time()})
+                      "file": file, "line": line, "function": function, "time": time.time(),
+                      "frames": answer.get("frames") or [],
+                      "waited_for": block.get("waiting_for", []) if int(rank) == block.get("rank") else []})
     return found
 
 

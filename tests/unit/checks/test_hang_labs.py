@@ -24,9 +24,17 @@ SKIPPED = Run("hanglab1", started=100.0,
                                    "1": where(1, 12, "dist.all_reduce(loss)", "all_reduce", 2)}}])
 UNUSED = "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. ..."
 BELOW = ("_wrapped_call_impl", "_call_impl", "forward", "_pre_forward")  # DDP's forward raised, under the module call
-RAISED = Run("hanglab5", started=100.0, errors={0: "RuntimeError: Expected to have finished reduction"},
-             raised={0: (17, "loss = f(model(x))", BELOW), 1: (17, "loss = f(model(x))", BELOW)},
-             messages={0: UNUSED, 1: UNUSED})
+
+
+def raised(rank, line, code, below=BELOW, detail="Expected to have finished reduction"):
+    """A rank's end record (launching/ends) that raised at ``line`` of the train() cell, in the functions ``below``."""
+    return {"rank": rank, "how": "raised", "type": "RuntimeError", "message": detail.splitlines()[0], "detail": detail,
+            "time": 1.0, "frames": [["/x/workshop_lib/launching/forklaunch.py", 80, "_rank_main", "fn(env, *args)"],
+                                    ["train-cell", line, "train", code],
+                                    *(["/venv/torch/nn/modules/module.py", 1, fn, "x"] for fn in below)]}
+
+
+RAISED = Run("hanglab5", started=100.0, ends=[raised(0, 17, "loss = f(model(x))"), raised(1, 17, "loss = f(model(x))")])
 RIGHT = {0: ("all_gather", 10), 1: ("dist.all_reduce", 12)}
 
 
@@ -64,7 +72,7 @@ def test_where_each_rank_stops_comes_from_the_record():
 def test_an_error_run_is_read_from_each_ranks_traceback():
     """The call is the innermost function below train() that names one: DDP's forward, not the module's call."""
     assert hang_labs.stops(RAISED) == {0: ("forward", 17, "loss = f(model(x))"), 1: ("forward", 17, "loss = f(model(x))")}
-    timeout = Run("hanglab1", raised={0: (24, "print(...)", ("global_mean", "wrapper", "all_reduce"))})
+    timeout = Run("hanglab1", ends=[raised(0, 24, "print(...)", ("global_mean", "wrapper", "all_reduce"))])
     assert hang_labs.stops(timeout) == {0: ("all_reduce", 24, "print(...)")}
 
 
@@ -166,8 +174,9 @@ def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
                                   "autograd graph and one more all-reduce), where freezing a part before DDP wraps the "
                                   "model, or removing it, is free"),
     (SKIPPED, False, "it still hangs: rank 0 waits in all_gather #2 ..."),
-    (Run("lab", timed_out=True), False, "it did not end within 60 s: a rank waits for one that never comes"),
-    (Run("lab", errors={1: "RuntimeError: Expected to have finished reduction"}), False,
+    (Run("lab", ends=[{"rank": 0, "how": "timed out", "time": 1.0}]), False,
+     "it did not end within 60 s: a rank waits for one that never comes"),
+    (Run("lab", ends=[raised(1, 17, "x")]), False,
      "it still fails: rank 1 raised RuntimeError: Expected to have finished reduction"),
     (ran(steps=(6, 5)), False, "it ends, but the ranks ran different numbers of optimizer steps (rank 0: 6, rank 1: 5): "
                                "the replicas stepped apart; every rank must train on the same number of batches"),
@@ -191,10 +200,9 @@ def test_the_verdict_on_a_fix_names_what_is_wrong_in_one_line(run, ok, message, 
 
 
 def test_an_error_run_prints_each_ranks_traceback_and_error_whole(capsys, monkeypatch):
-    whole = ('  File "train-cell", line 17, in train\n    loss = f(x)\nRuntimeError: first line\n'
-             "second line for rank 0: 13 14\n hint naming find_unused_parameters")
-    run = Run("hanglab5", raised={0: (17, "loss = f(x)", BELOW), 1: (17, "loss = f(x)", BELOW)},
-              messages={0: whole, 1: whole.replace("rank 0", "rank 1")}, errors={0: "RuntimeError: first line"})
+    whole = "first line\nsecond line for rank 0: 13 14\n hint naming find_unused_parameters"
+    run = Run("hanglab5", ends=[raised(0, 17, "loss = f(x)", (), whole),
+                                raised(1, 17, "loss = f(x)", (), whole.replace("rank 0", "rank 1"))])
     monkeypatch.setattr(hang_labs, "launch", lambda name, broken, notebook: run)
     hang_labs._predictions["hanglab5"] = hang_labs.Prediction({0: ("forward", 17)}, 0.0)
     assert hang_labs.run_broken("hanglab5") is run

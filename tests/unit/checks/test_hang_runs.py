@@ -28,7 +28,7 @@ KILLED = {"rank": 1, "how": "killed", "code": -15, "signal": "SIGTERM", "time": 
 
 
 def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_end_record():
-    run = hang_runs._failed("hanglab5", [RAISED, KILLED], started=1.0)
+    run = hang_runs.Run("hanglab5", ends=[RAISED, KILLED], started=1.0)
     assert run.errors == {
         0: "RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one",
         1: "exit code -15"}
@@ -41,6 +41,7 @@ def test_each_ranks_error_where_it_raised_and_its_whole_error_are_read_from_its_
     assert run.messages[0].splitlines()[4].startswith("RuntimeError: Expected to have finished reduction")
     assert run.messages[0].endswith("either INFO or DETAIL")  # whole: torch's hint and the indices kept
     assert "find_unused_parameters=True" in run.messages[0] and "for rank 0: 13 14" in run.messages[0]
+    assert not run.timed_out and hang_runs.Run("x", ends=[{"rank": 0, "how": "timed out", "time": 1.0}]).timed_out
 
 
 def test_torchs_own_error_is_each_ranks_last_line_of_the_script_and_its_error():
@@ -96,3 +97,23 @@ def test_the_cells_are_taken_as_last_run(monkeypatch):
     monkeypatch.setattr(scripts, "_ran", {cell.id: "def trian(cfg, rank, world_size, device):\n    pass"})
     with pytest.raises(WorkshopError, match="define no train"):
         hang_runs.load("hanglab3", broken=True)
+
+
+def test_a_fixs_measures_are_read_from_each_ranks_record():
+    """Steps, the DDP options and the model evaluate() got come from the recorder's events; the spread from the
+    weights after the last step."""
+    import numpy as np
+
+    def rank(steps, model, find_unused, weights):
+        events = [{"kind": "ddp", "find_unused": find_unused}, *({"kind": "step", "n": n} for n in range(steps)),
+                  {"kind": "evaluate", "model": model}]
+        return {"events": events, "weights": weights}
+
+    same = np.array([1.0, 2.0], np.float32)
+    assert hang_runs._measured([rank(6, "SmilesLSTM", False, same), rank(6, "SmilesLSTM", False, same.copy())]) == [
+        {"steps": 6, "spread": 0.0, "wrapper": False, "find_unused": False}] * 2
+    apart = hang_runs._measured([rank(6, "DistributedDataParallel", True, same), rank(5, "SmilesLSTM", True, same + 0.5)])
+    assert [(m["steps"], m["spread"], m["wrapper"], m["find_unused"]) for m in apart] == [
+        (6, 0.5, True, True), (5, 0.5, False, True)]
+    assert {m["spread"] for m in hang_runs._measured([rank(0, "x", False, None), rank(1, "x", False, same)])} == {None}
+    assert {m["spread"] for m in hang_runs._measured([rank(1, "x", False, same), rank(1, "x", False, same[:1])])} == {None}

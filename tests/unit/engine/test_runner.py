@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from workshop_lib.engine import runner
+from workshop_lib.engine import recorder, runner
 from workshop_lib.launching.spawning import START_METHOD
 from workshop_lib.paths import lab_root
 
@@ -72,3 +72,43 @@ def test_the_record_names_init_process_groups_arguments_however_the_script_passe
             observe(*args, **kwargs)
     enters = [e for e in rec.events if e["kind"] == "init"]
     assert [(e["given_init_method"], e["given_rank"], e["store"]) for e in enters] == [("tcp://127.0.0.1:1", 0, False)] * 2
+
+
+DIES = ('import os, signal, torch.distributed as dist\n'
+        'dist.init_process_group("gloo")\n'
+        'if dist.get_rank() == 1:\n'
+        '    os.kill(os.getpid(), signal.SIGKILL)\n'
+        'dist.barrier()\n'
+        'dist.destroy_process_group()\n')
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_whose_process_died_ends_in_a_killed_record_with_its_signal(tmp_path):
+    script = tmp_path / "dies.py"
+    script.write_text(DIES)
+    run = runner.run(runner.Item(script, [], tmp_path / "item"))
+    died = run.ranks[1][-1]
+    assert (died["kind"], died["how"], died["signal"], died["code"]) == ("end", "killed", "SIGKILL", -9), run.ranks[1]
+    assert recorder.how(run.ranks[1]) == "killed"
+    # rank 0 waited in the barrier: gloo says its peer went away, or the runner stopped it at rank 1's death
+    assert recorder.how(run.ranks[0]) in ("lost", "timed out", "waiting"), run.ranks[0][-1]
+    assert run.ranks[0][-1].get("stopped") in (None, "another rank died"), run.ranks[0][-1]
+
+
+HANGS = ('import time, torch.distributed as dist\n'
+         'dist.init_process_group("gloo")\n'
+         'if dist.get_rank() == 0:\n'
+         '    dist.barrier()\n'
+         'else:\n'
+         '    time.sleep(60)\n')
+
+
+@pytest.mark.timeout(90)
+def test_ranks_the_runner_stopped_in_a_hang_end_in_waiting_records_with_the_call_and_line(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    run = runner.run(runner.Item(script, [], tmp_path / "item", hang_after=1.0))
+    assert run.stopped == "hang", run.output
+    found = {r: (e[-1]["how"], e[-1]["call"], e[-1]["line"], e[-1]["stopped"]) for r, e in run.ranks.items()}
+    assert found == {0: ("waiting", "barrier #1", 4, "hang"), 1: ("waiting", None, 6, "hang")}, run.ranks
+    assert {recorder.how(e) for e in run.ranks.values()} == {"waiting"}

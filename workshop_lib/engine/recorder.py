@@ -301,7 +301,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 def _init(rec: Recorder, real):
     def observe(backend=None, *args, **kw):
         positional = [p.name for p in inspect.signature(real).parameters.values() if p.kind in _POSITIONAL]
-        bound = {**dict(zip(positional, (backend, *args), strict=False)), **kw}  # init_process_group("gloo", "tcp://...") too
+        bound = {**dict(zip(positional, (backend, *args), strict=False)), **kw}  # ("gloo", "tcp://...") too
         given = {k: bound[k] for k in ("rank", "world_size", "device_id", "init_method") if k in bound}
         rec.add("init", phase="enter", backend=str(backend), store="store" in bound, timeout="timeout" in bound,
                 **{f"given_{k}": str(v) if k == "device_id" else v for k, v in given.items()})

@@ -59,8 +59,6 @@ def test_each_run_gets_fresh_ranks_so_one_scripts_groups_never_reach_the_next(tm
 def test_the_record_names_init_process_groups_arguments_however_the_script_passed_them():
     """``init_process_group("gloo", "tcp://...")`` names init_method positionally: the record says so, as it does for
     keywords (the made-up GPU node judges a join that is not env:// from it)."""
-    from workshop_lib.engine import recorder
-
     def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None):
         raise RuntimeError("not joined: the record of the call is what is tested")
 

@@ -321,8 +321,9 @@ def test_each_mistake_is_named(verdicts, name, expected):
 @pytest.mark.timeout(600)
 def test_each_line_states_what_was_measured(verdicts):
     """(The untouched steps' whole ✓ lines are 01-03's stored outputs, compared by nbval.)"""
-    assert verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1].startswith(
-        "step3_ddp.py: 2 ranks, 2 epochs: each read its own 72 of 144 training molecules")
+    assert verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1].split(": ", 1)[1].startswith(
+        "2 ranks, 2 epochs: each read its own 72 of 144 training molecules, a new order each epoch; spread after every "
+        "step 0.0")
     assert verdicts[RIGHT[1]][1].endswith(  # the made-up GPU node's row claims what it measured, at step 1
         "as rank 3 of 4 on a made-up node with 2 GPUs, setup chose NCCL on cuda:1; every rank left the group")
     assert "note: find_unused_parameters=True" in verdicts["per_rank_seed_before_wrap_find_unused_optimizer_first"][1]

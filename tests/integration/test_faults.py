@@ -201,7 +201,7 @@ def test_the_timeout_flag_reaches_init_process_group(tmp_path):
 
 # The script's own group timeout, one keyword of its init_process_group: the watch's default threshold is a quarter of
 # it (10 s), with no flag; torch's default (30 min) gives a minute, as test_hangwatch.py's tests of the threshold say.
-GROUP_TIMEOUT = 40
+GROUP_TIMEOUT = 24
 INIT = 'dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")'
 
 
@@ -210,7 +210,7 @@ INIT = 'dist.init_process_group(backend="nccl" if torch.cuda.is_available() else
 def test_a_rank_stuck_in_a_script_written_elsewhere_is_named_within_a_minute_with_no_flag(tmp_path):
     """Global rank 0 waits in a barrier inside its snapshot save, which rank 1 never calls (it goes on to the next
     epoch's backward): with no flag, the watch names the rank, the call and the line once a quarter of the group's
-    timeout has passed (the script's own: 40 s, so 10 s), and says that its report is not a failure. The
+    timeout has passed (the script's own: 24 s, so 6 s), and says that its report is not a failure. The
     schedule, and the minute of torch's default timeout, are test_hangwatch.py's."""
     script, barrier = _elsewhere(tmp_path, 'print(f"Epoch {epoch} | snapshot saved at {self.snapshot_path}")',
                                  "dist.barrier()  # rank 0 only: the other rank never comes here",

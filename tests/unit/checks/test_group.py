@@ -181,7 +181,7 @@ def test_a_join_without_timeout_passes_with_a_note(capsys):
     ([(CPU_INIT, "        raise NotImplementedError\n")],
      "setup still raises NotImplementedError: fill in its TODO"),
     ([(GPU_INIT, '        dist.init_process_group("nccl", timeout=timeout, device_id=device)\n')],
-     "setup passed init_process_group timeout=10.0, a float: torch raises TypeError there; init_process_group's "
+     "setup passed init_process_group timeout=6.0, a float: torch raises TypeError there; init_process_group's "
      "timeout is a datetime.timedelta, not a number: timeout=timedelta(seconds=...)"),
 ], ids=["local_rank_as_rank", "device_of_the_global_rank", "no_set_device", "nccl_without_gpus", "gloo_on_gpus",
         "store_without_rank", "device_id_global_rank", "returns_cuda_0", "todo", "timeout_in_seconds"])
@@ -260,7 +260,7 @@ def setup_device_set_everywhere(timeout):
                             "twice! (in a real run of 2 ranks on this machine (torchrun's variables, no GPU), rank 0)"),
     pytest.param(setup_four_ranks, 5, "init_process_group was given world_size=4 (line {line}), and torchrun started "
                  "this rank with WORLD_SIZE=2: leave world_size= out under torchrun (env:// reads WORLD_SIZE)",
-                 marks=pytest.mark.slow),  # a join that waits out its 10 s timeout
+                 marks=pytest.mark.slow),  # a join that waits out its 6 s timeout
     # two nodes of one rank each, as the script checker starts a script: LOCAL_RANK is 0 on both
     pytest.param(setup_local_rank_as_rank, 5, "init_process_group was given rank=0 (line {line}), and torchrun started "
                  "this rank with RANK=1: leave rank= out under torchrun (env:// reads RANK) (in a real run of 2 ranks "

@@ -136,6 +136,9 @@ def table(paths: Sequence[Path], results: Sequence[tuple[str, str]]) -> list[str
 def not_a_step(path: Path) -> str:
     """What the check of a script that is not a workshop step judges, and what it leaves to one (:func:`rules.judged`)."""
     judged, left = rules.judged(rules.Case(runner.Run({}), None))
+    resume = [why for why in left if why.startswith("step 4's")]  # one phrase: a learner reads a line, not a table
+    left = [why for why in left if why not in resume] + [f"step 4's snapshot and resume ({len(resume)} rules)"] * bool(
+        resume)
     return (f"{path.name} is not a workshop step (no --step, its name is not stepN_*.py), judged by the rules for any "
             f"DDP script: {'; '.join(judged)}. Left to a workshop step (--step N): {'; '.join(left)}")
 

@@ -15,8 +15,8 @@ from unittest import mock
 
 import torch
 
-from workshop_lib.engine.common import CheckFailed, _passed, raised, run_forked, still_todo
-from workshop_lib.engine.recorder import Recorder, recording
+from workshop_lib.engine.common import CheckFailed, raised, run_forked, still_todo, verdict
+from workshop_lib.engine.recorder import Recorder, _of, recording
 
 LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
 
@@ -81,7 +81,7 @@ def _timed(fn: Callable, vocab: int, batches: list, record: bool = False):
 def _counts(events: list[dict], parameters: set[int]) -> dict:
     """From the record: the all-reduces started, those that blocked (no async_op), those on the weights themselves
     (their tensor is a parameter's storage, not its .grad), and the handles not yet waited on at an optimizer step."""
-    started = [e for e in events if e.get("name") == "all_reduce" and e.get("phase") == "enter"]
+    started = _of(events, "collective", name="all_reduce", phase="enter")
     pending, unwaited = set(), 0
     for e in events:
         if e["kind"] == "collective" and e.get("phase") == "enter" and e.get("async_op"):
@@ -95,12 +95,6 @@ def _counts(events: list[dict], parameters: set[int]) -> dict:
 
 
 def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rounds: int):
-    from workshop_lib.debug import hangwatch
-
-    # An error in the learner's hook surfaces in backward(), where the hang watch would print its block about a
-    # failed collective; this check names the error itself (every rank runs the same code: nothing can wait alone).
-    if hasattr(hangwatch, "uninstall"):
-        hangwatch.uninstall()
     batches = batches_of(env.rank) * rounds  # more steps for the medians; the same batches for every version
     ddp_times, ddp_weights, ddp_first, _ = _timed(_with_ddp, vocab, batches)
     plain_times, _, _, _ = _timed(after_backward, vocab, batches)
@@ -153,4 +147,4 @@ def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: i
     print(f"step time against DDP's (1 all-reduce a step: one bucket), median of {n - 2} steps: by hand with "
           f"overlap {statistics.median(r['hand'][2:]) / ddp:.2f}x, after backward "
           f"{statistics.median(r['plain'][2:]) / ddp:.2f}x ({per_step} all-reduces a step, one per parameter)")
-    _passed(f"train_by_hand: the weights of DDP after {n} steps, to 1e-6; each all-reduce waited for before its step")
+    verdict(None, f"train_by_hand: the weights of DDP after {n} steps, to 1e-6; each all-reduce waited for before its step")

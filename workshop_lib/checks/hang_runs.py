@@ -240,6 +240,7 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0, hang
     import subprocess
 
     from workshop_lib.debug import stacks
+    from workshop_lib.launching import ends
     from workshop_lib.launching.launch import start_job
     from workshop_lib.launching.processes import kill_tree
 
@@ -264,7 +265,7 @@ def terminal(name: str, timeout: float = RAW_TIMEOUT, limit: float = 120.0, hang
                 stacks.main([str(proc.pid), "--width", "56"])
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
-        run.ends = [{"rank": rank, "how": "timed out", "time": time.time()} for rank in range(2)]
+        run.ends = [ends.timed_out(rank) for rank in range(2)]
     finally:
         kill_tree(proc, grace=5)
         reader.join(timeout=5)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from workshop_lib.debug import collectives
-from workshop_lib.engine.common import CheckFailed, _passed, judge_prediction, raised, run_forked, still_todo
+from workshop_lib.engine.common import CheckFailed, judge_prediction, raised, run_forked, still_todo, verdict
 from workshop_lib.engine.recorder import Collectives, Recorder, _of, recording
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
@@ -35,7 +35,8 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
         return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
         return "error", raised(err), None
-    return "ok", len({e["backward"] for e in _allreduces(events)}), _weights(model.module)
+    allreduces = _of(events, "collective", name="all_reduce", phase="enter")
+    return "ok", len({e["backward"] for e in allreduces}), _weights(model.module)
 
 
 def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
@@ -89,7 +90,7 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
         raise CheckFailed(f"{count} all-reduces for {steps} optimizer steps: exactly one backward per step, the last "
                           "before optimizer.step(), must run outside model.no_sync()")
     if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum), atol=1e-5):
-        _passed(f"train_accumulating: {steps} steps of {accum} micro-batches x {nprocs} ranks, {count} all-reduces, "
+        verdict(None, f"train_accumulating: {steps} steps of {accum} micro-batches x {nprocs} ranks, {count} all-reduces, "
                 "and the weights of one process stepping on the big batches")
         return
     if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum, scale=accum), atol=1e-5):
@@ -118,13 +119,9 @@ def recording_allreduces(model) -> Iterator[list[dict]]:
         yield rec.events
 
 
-def _allreduces(events: list[dict]) -> list[dict]:
-    return [e for e in events if e.get("name") == "all_reduce" and e.get("phase") == "enter"]
-
-
 def allreduce_count(predicted, events: list[dict], backwards: int = 4) -> None:
     """The learner's prediction against the all-reduces recorded in ``backwards`` backward() calls; never raised."""
-    ran = _allreduces(events)
+    ran = _of(events, "collective", name="all_reduce", phase="enter")
     where = ", ".join(str(e["backward"]) for e in ran if e.get("backward")) or "none"
     whole = isinstance(predicted, int) and not isinstance(predicted, bool)
     why = ("inside no_sync() backward() only adds into .grad; the one backward outside it all-reduces the sum"
@@ -209,5 +206,5 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     if loss.dtype != torch.float32:
         raise CheckFailed(f"the loss is {loss.dtype}: compute it from the logits as they come, inside the block, "
                           f"where autocast keeps losses in float32")
-    _passed(f"autocast_loss: under torch.autocast(device_type={made[-1]['device_type']!r}, dtype={_dtype(made[-1])}) "
+    verdict(None, f"autocast_loss: under torch.autocast(device_type={made[-1]['device_type']!r}, dtype={_dtype(made[-1])}) "
             f"the logits came back {logits[0]} and the loss {loss.dtype}")

@@ -17,10 +17,6 @@ class CheckFailed(AssertionError):
         return [f"\N{BALLOT X} {self}"]
 
 
-def _passed(message: str) -> None:
-    verdict(None, message)
-
-
 def verdict(mistake: str | None, measured: str, prediction: bool = False) -> None:
     """The one end of every judge (each returns its mistake, ``str | None``): the ✓ line of what was ``measured`` where
     there is none; else the ✗ line of the mistake, raised (CheckFailed), or for a ``prediction`` printed, not raised
@@ -206,12 +202,12 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:
-        first = err.ends[0]
+        culprit = err.ends[0]  # the first to fail
         if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
         why = next(filter(None, (torch_errors.explain(end["detail"]) for end in err.ends)), None)
-        if why is None and first.get("line"):
-            why = _none_cause(first["file"], first["line"], first["message"], first["rank"])
-        raise CheckFailed(f"a rank failed: {ends.summary(first)}" + (f"; {why}" if why else "")) from None
+        if why is None and culprit.get("line"):
+            why = _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"])
+        raise CheckFailed(f"a rank failed: {ends.summary(culprit)}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

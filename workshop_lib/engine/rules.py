@@ -167,7 +167,7 @@ def _reduced_twice(case: Case) -> tuple[dict, dict] | None:
     for i, call in enumerate(calls):
         for earlier in calls[:i]:
             if call.get("before") and call.get("before") == afters.get(earlier["seq"]) \
-                    and source.function_at(case.source, call.get("line")) != "check_all_reduce":
+                    and not _in_check(case, call):
                 return earlier, call
     return None
 
@@ -200,7 +200,7 @@ def logged(case: Case) -> str | None:
                     f"molecules every rank trained on is {truth:.4f}")
             ops = [c for ev in case.ranks.values() for c in _of(ev, "collective", phase="enter")
                    if c.get("op") not in (None, "SUM", "AVG")
-                   and source.function_at(case.source, c.get("line")) != "check_all_reduce"]
+                   and not _in_check(case, c)]
             if ops:
                 return f"{what}: the totals were all-reduced with op={ops[0]['op']}{_at(ops[0])}; sum them (ReduceOp.SUM)"
             if _close(logged, own):
@@ -236,9 +236,14 @@ def logged(case: Case) -> str | None:
     return None
 
 
+def _in_check(case: Case, call: dict) -> bool:
+    """Whether a recorded call ran in the script's ``check_all_reduce`` (step 1's own all-reduce, judged apart)."""
+    return source.function_at(case.source, call.get("line")) == "check_all_reduce"
+
+
 def summed(case: Case) -> str | None:
     """check_all_reduce's all_reduce: each rank contributes rank + 1, and every rank gets the sum."""
-    return all_reduced(case.ranks, lambda call: source.function_at(case.source, call.get("line")) == "check_all_reduce")
+    return all_reduced(case.ranks, lambda call: _in_check(case, call))
 
 
 def all_reduced(ranks: dict[int, list[dict]], picked: Callable[[dict], bool] = lambda call: True) -> str | None:
@@ -679,7 +684,7 @@ def _drift(case: Case) -> str:
 def _summed(case: Case) -> str | None:
     world = len(case.ranks)
     return f"and all-reduced {' + '.join(str(r + 1) for r in range(world))} = {world * (world + 1) // 2}" if any(
-        source.function_at(case.source, c.get("line")) == "check_all_reduce"
+        _in_check(case, c)
         for c in _of(case.ranks[0], "collective", name="all_reduce")) else None
 
 

@@ -262,11 +262,10 @@ def _end_of_the_unended(item: Item, rank: int, log: Path, stopped: str | None, d
     if _ended(item, rank) or not read_events(Path(f"{prefix}.jsonl")):
         return
     if rank in died:
-        end = ends.killed(rank, died[rank], log.read_text(errors="replace") if log.is_file() else "",
-                          log.stat().st_mtime if log.is_file() else time.time())
+        end = ends.killed(rank, died[rank], log)
     else:
         end = next((e for e in ends.waiting(hangreport.load(item.hang)) if e["rank"] == rank),
-                   {"rank": rank, "how": "timed out", "time": time.time()})
+                   ends.timed_out(rank))
         end["stopped"] = stopped or "another rank died"
     rec = Recorder(prefix)
     rec.add("end", line=end.pop("line", None), **end)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from workshop_lib.authoring import scripts
 from workshop_lib.debug import scriptfile
-from workshop_lib.debug.scriptfile import refused
 from workshop_lib.engine import rules, runner
 from workshop_lib.engine.common import verdict
 from workshop_lib.engine.recorder import passes
@@ -109,7 +108,7 @@ def check_scripts(paths: Sequence[Path], steps: Sequence[int | None] | None = No
 
 
 def _status(path: Path, step: int | None, work: Path, argv: Sequence[str]) -> tuple[str, str]:
-    if why := refused(path):  # the watch's refusal, word for word: a syntax error is the learner's to fix
+    if why := scriptfile.refused(path):  # the watch's refusal, word for word: a syntax error is the learner's to fix
         return ("wrong" if why[1] == scriptfile.SYNTAX else "refused"), why[0]
     if step is not None and not_started(path, step):
         return "not started", f"{path.name}: not started (its TODOs still raise NotImplementedError)"
@@ -163,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = args.script or default_script(step_of(Path("."), args.step), args.dir)
     if args.args and step_of(path, args.step) is not None:
         raise WorkshopError(f"a workshop step runs with the checker's own arguments; leave out {' '.join(args.args)}")
-    if step_of(path, args.step) is None and not refused(path):
+    if step_of(path, args.step) is None and not scriptfile.refused(path):
         print(not_a_step(path), flush=True)
     status, line = check_scripts([path], [args.step], args.args)[0]
     print(f"{TICK if status == 'done' else CROSS} {line}", flush=True)

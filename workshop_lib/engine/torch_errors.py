@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 
+# a batch of items of different lengths, stacked by default_collate: raised in the loop, set up by the DataLoader
+_UNEQUAL_ITEMS = re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of "
+                            r"equal size")
+
 KNOWN: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"object has no attribute 'module'"),
      "`.module` is the model inside DDP's wrapper, and this model was never wrapped: wrap it with DDP(model) first, "
@@ -38,17 +42,14 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"device_id parameter must be (?:an accelerator with an index|a device with a valid index)"),  # 2.13|2.15
      "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
      "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),
-    (re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of equal size"),
+    (_UNEQUAL_ITEMS,
      "the DataLoader has no collate_fn, so torch's default_collate stacks the items as they are, and they differ in "
      "length: give it collate_fn=, a function that pads each batch (the workshop's collate, or your own with "
      "torch.nn.utils.rnn.pad_sequence)"),
 )
 
 # torch's error -> the kind of recorded event whose call set it up, when that is not the line that raised
-SET_UP: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"stack expects each tensor to be equal size|each element in list of batch should be of equal size"),
-     "loader"),
-)
+SET_UP: tuple[tuple[re.Pattern, str], ...] = ((_UNEQUAL_ITEMS, "loader"),)
 
 
 def set_up_by(message: str) -> str | None:

@@ -8,6 +8,7 @@ import re
 import signal
 import time
 import traceback
+from pathlib import Path
 
 from workshop_lib.errors import first_line
 
@@ -36,15 +37,23 @@ def record(rank: int, err: BaseException | None, within: str | None = None) -> d
     return end
 
 
-def killed(rank: int, code: int | None, output: str, when: float) -> dict:
+def killed(rank: int, code: int | None, log: Path) -> dict:
     """A rank that ended without a record (killed, aborted in C++, ``os._exit``): its exit code, the signal that
-    ended it (a negative code), and the last lines of its ``output``, before faulthandler's dump of its stacks."""
+    ended it (a negative code), and the last lines of its ``log``, before faulthandler's dump of its stacks, at the
+    time the log was last written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
+    output = log.read_text(errors="replace") if log.is_file() else ""
+    when = log.stat().st_mtime if log.is_file() else time.time()
     lines = [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
     try:
         died = signal.Signals(-code).name if code is not None and code < 0 else None
     except ValueError:
         died = f"signal {-code}"
     return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when, "detail": " | ".join(lines)}
+
+
+def timed_out(rank: int) -> dict:
+    """A rank that was still running when the launch's time was up."""
+    return {"rank": rank, "how": "timed out", "time": time.time()}
 
 
 def waiting(blocks: list[dict]) -> list[dict]:

@@ -92,10 +92,8 @@ def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[dict]:
     peer" so comes after the death that caused it)."""
     found = {int(path.stem[4:]): json.loads(path.read_text()) for path in log_dir.glob("rank*.end")}
     for rank, code in failed.items():
-        log = log_dir / f"rank{rank}.log"
         if rank not in found:
-            found[rank] = ends.killed(rank, code, log.read_text(errors="replace") if log.is_file() else "",
-                                      log.stat().st_mtime if log.is_file() else time.time())
+            found[rank] = ends.killed(rank, code, log_dir / f"rank{rank}.log")
     return sorted(found.values(), key=lambda end: (end["time"], end["rank"]))
 
 
@@ -134,7 +132,7 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     record = Path(log_dir) / "hang.json"
     if done == "timeout":
         raise LaunchTimeout(_report(name, [f"notebook_launch of {name} did not finish within {timeout:g}s"], log_dir),
-                            [{"rank": r, "how": "timed out", "time": time.time()} for r in range(nprocs)])
+                            [ends.timed_out(r) for r in range(nprocs)])
     if isinstance(done, str):  # the watch saves its block whole, after printing it
         raise HangError(_report(name, [f"the ranks hang: {done}"], log_dir), ends.waiting(hangreport.load(record)),
                         done, record)

@@ -314,8 +314,7 @@ def rank_ends(log_dir: Path, output: Sequence[str]) -> list[dict]:
             kind, _, text = said.splitlines()[0].partition(": ")
             found.append({"rank": rank, "how": "raised", "type": kind, "message": text[:400], "time": when})
         elif rank in exits and exits[rank] != -signal.SIGTERM:
-            found.append(ends.killed(rank, exits[rank], stderr.read_text(errors="replace") if stderr.is_file() else "",
-                                     when))
+            found.append(ends.killed(rank, exits[rank], stderr))
     return sorted(found, key=lambda end: (end["time"], end["rank"]))
 
 

@@ -17,6 +17,7 @@ from workshop_lib.checks import patterns
 from workshop_lib.config import TrainConfig
 from workshop_lib.data import collate, load_splits
 from workshop_lib.engine.common import CheckFailed
+from workshop_lib.engine.recorder import _of
 from workshop_lib.launching import forklaunch
 
 SPLITS = None
@@ -69,7 +70,8 @@ def _count(env, vocab_size: int, use_no_sync: bool):
         for k, b in enumerate(batches_of(env.rank)[:4]):
             with model.no_sync() if use_no_sync and k < 3 else contextlib.nullcontext():
                 F.binary_cross_entropy_with_logits(model(b.tokens, b.lengths), b.labels).backward()
-    return [(e["backward"], e["device"], e["dtype"], e["async_op"]) for e in patterns._allreduces(seen)]
+    allreduces = _of(seen, "collective", name="all_reduce", phase="enter")
+    return [(e["backward"], e["device"], e["dtype"], e["async_op"]) for e in allreduces]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from pathlib import Path
 from workshop_lib.checks.hang_runs import BATCH, NOTEBOOK, TIMEOUT, TRAIN_CELL, Run, launch, terminal, train_offset
 from workshop_lib.engine.common import CheckFailed, verdict
 from workshop_lib.figures import sequences
+from workshop_lib.launching import ends
 
 # The calls a reading may name, as the record names them (a collective, or DDP's backward or forward)
 CALLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "backward", "forward")
@@ -184,7 +185,9 @@ def fix_mistake(run: Run) -> str | None:
         return f"it did not end within {TIMEOUT:g} s: a rank waits for one that never comes"
     if run.errors:
         rank, error = min(run.errors.items())
-        return f"it still fails: rank {rank} raised {error}"
+        end = next(e for e in run.ends if e["rank"] == rank and e["how"] in ("raised", "exit", "killed"))
+        return f"it still fails: rank {rank} raised {error}" if end["how"] == "raised" else \
+            f"it still fails: {ends.summary(end)}"  # exited or died: its code, signal and last lines
     steps = [r["steps"] for r in run.results or []]
     spreads = [r["spread"] for r in run.results or []]
     each = ", ".join(f"rank {r}: {s}" for r, s in enumerate(steps))

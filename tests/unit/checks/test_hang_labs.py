@@ -178,6 +178,8 @@ def ran(steps=(6, 6), spread=0.0, wrapper=False, find_unused=False):
      "it did not end within 60 s: a rank waits for one that never comes"),
     (Run("lab", ends=[raised(1, 17, "x")]), False,
      "it still fails: rank 1 raised RuntimeError: Expected to have finished reduction"),
+    (Run("lab", ends=[{"rank": 1, "how": "killed", "code": -9, "signal": "SIGKILL", "time": 1.0, "detail": ""}]), False,
+     "it still fails: rank 1 died of SIGKILL (exit code -9) without a Python error; it printed nothing"),
     (ran(steps=(6, 5)), False, "it ends, but the ranks ran different numbers of optimizer steps (rank 0: 6, rank 1: 5): "
                                "the replicas stepped apart; every rank must train on the same number of batches"),
     (ran(steps=(0, 0)), False, "it ends, but no rank ran an optimizer step: train() must train"),

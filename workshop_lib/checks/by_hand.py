@@ -1,8 +1,9 @@
 """The check of notebook 04b's optional exercise: each gradient all-reduced asynchronously as it is made.
 
 :func:`by_hand` runs the learner's ``train_by_hand`` on 2 forked ranks beside DDP and :func:`after_backward`, from
-the same weights on the same batches with SGD: DDP's weights to 1e-6, every handle waited for before the step (from
-the rank's record of calls, :mod:`workshop_lib.engine.recorder`).
+the same weights on the same batches with SGD: DDP's weights to 1e-6; each all-reduce started without blocking and
+waited for before the step, judged on the rank's record of calls by the script checker's rows
+(:func:`~workshop_lib.engine.rules.blocked`, :func:`~workshop_lib.engine.rules.unwaited`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from unittest import mock
 
 import torch
 
-from workshop_lib.engine.common import CheckFailed, raised, run_forked, still_todo, verdict
+from workshop_lib.engine import rules
+from workshop_lib.engine.common import CheckFailed, run_forked, said, verdict
 from workshop_lib.engine.recorder import Recorder, _of, recording
+from workshop_lib.engine.runner import Run
 
 LR = 0.5  # plain SGD: a gradient summed instead of averaged shows as a step twice as long
 
@@ -48,7 +51,7 @@ def _with_ddp(model, optimizer, batches) -> None:
 
 def _timed(fn: Callable, vocab: int, batches: list, record: bool = False):
     """Fresh weights (the same on every rank), SGD, ``fn``: per-step times, the weights, the first step's gradients,
-    and with ``record``, what its calls did (:func:`_counts`)."""
+    and with ``record``, the record of its calls and how many all-reduces ran on the weights."""
     import torch.distributed as dist
 
     from workshop_lib.model import SmilesLSTM
@@ -74,24 +77,10 @@ def _timed(fn: Callable, vocab: int, batches: list, record: bool = False):
         last[0] = time.perf_counter()
         with recording(Recorder()) if record else contextlib.nullcontext() as rec:
             fn(model, optimizer, batches)
-    counts = _counts(rec.events, {p.data_ptr() for p in model.parameters()}) if record else {}
+    weights = {p.data_ptr() for p in model.parameters()}
+    counts = {"events": rec.events, "weights": sum(e["data_ptr"] in weights for e in _of(
+        rec.events, "collective", name="all_reduce", phase="enter"))} if record else {}
     return times, torch.nn.utils.parameters_to_vector(model.parameters()).detach(), (first or [None])[0], counts
-
-
-def _counts(events: list[dict], parameters: set[int]) -> dict:
-    """From the record: the all-reduces started, those that blocked (no async_op), those on the weights themselves
-    (their tensor is a parameter's storage, not its .grad), and the handles not yet waited on at an optimizer step."""
-    started = _of(events, "collective", name="all_reduce", phase="enter")
-    pending, unwaited = set(), 0
-    for e in events:
-        if e["kind"] == "collective" and e.get("phase") == "enter" and e.get("async_op"):
-            pending.add(e["seq"])
-        elif e["kind"] == "wait":
-            pending.discard(e["seq"])
-        elif e["kind"] == "step":
-            unwaited, pending = unwaited + len(pending), set()
-    return {"started": len(started), "blocking": sum(not e["async_op"] for e in started), "unwaited": unwaited,
-            "weights": sum(e["data_ptr"] in parameters for e in started)}
 
 
 def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rounds: int):
@@ -100,11 +89,9 @@ def _on_rank(env, train_by_hand: Callable, batches_of: Callable, vocab: int, rou
     plain_times, _, _, _ = _timed(after_backward, vocab, batches)
     try:
         hand_times, hand_weights, first, counts = _timed(train_by_hand, vocab, batches, record=True)
-    except NotImplementedError:
-        return {"status": "todo"}
     except Exception as err:  # the check names it
-        return {"status": "error", "error": raised(err)}
-    return {"status": "ok", "ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
+        return {"error": said(err, "train_by_hand")}
+    return {"ddp": ddp_times, "plain": plain_times, "hand": hand_times, "ddp_weights": ddp_weights,
             "hand_weights": hand_weights, "first_grad": first, "ddp_first_grad": ddp_first,
             **counts}
 
@@ -115,25 +102,22 @@ def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: i
     ``batches_of(rank)``: the weights compared, the steps timed."""
     ranks = run_forked(_on_rank, nprocs, train_by_hand, batches_of, vocab, rounds, timeout=timeout,
                        name="train_by_hand")
-    bad = next((r for r in ranks if r["status"] != "ok"), None)
-    if bad is not None and bad["status"] == "todo":
-        raise CheckFailed(still_todo("train_by_hand"))
-    if bad is not None:
-        raise CheckFailed(f"train_by_hand raised {bad['error']}")
+    failed = next((r["error"] for r in ranks if "error" in r), None)
+    if failed:
+        raise CheckFailed(failed)
     r = ranks[0]
-    n = len(r["hand"])
-    if r["started"] == 0:
-        raise CheckFailed("no all-reduce ran: in the hook, start dist.all_reduce of param.grad with async_op=True")
-    if r["blocking"]:
-        raise CheckFailed(f"{r['blocking']} all-reduces blocked backward (async_op=False): start them with "
-                          "async_op=True, keep the handles, and wait for them after backward()")
-    if r["unwaited"]:
-        raise CheckFailed(f"{r['unwaited']} all-reduces were still unwaited at optimizer.step(): the step may read a "
-                          "gradient before its all-reduce ends; wait() on every handle after backward(), then clear them")
+    n, started = len(r["hand"]), len(rules.hand_allreduces(r["events"]))
+    if started == 0:
+        raise CheckFailed("no all-reduce ran in backward(): in the hook, start dist.all_reduce of param.grad with "
+                          "async_op=True")
+    case = rules.Case(Run({rank: out["events"] for rank, out in enumerate(ranks)}), None)
+    wrong = rules.blocked(case) or rules.unwaited(case)  # the script checker's judges of gradients all-reduced by hand
+    if wrong:
+        raise CheckFailed(wrong)
     gap = (r["hand_weights"] - r["ddp_weights"]).abs().max().item()
     if gap > 1e-6 and r["weights"]:
         raise CheckFailed(f"after {n} steps the weights differ from DDP's by {gap:.1e}: {r['weights']} of the "
-                          f"{r['started']} all-reduces ran on the weights (param.data), not on the gradients, so "
+                          f"{started} all-reduces ran on the weights (param.data), not on the gradients, so "
                           f"each rank stepped on its own gradient; all-reduce param.grad, divided by the world size")
     if gap > 1e-6:
         first, reference = r["first_grad"], r["ddp_first_grad"]
@@ -142,7 +126,7 @@ def by_hand(train_by_hand: Callable, batches_of: Callable, vocab: int, nprocs: i
                               "the world size")
         raise CheckFailed(f"after {n} steps the weights differ from DDP's by {gap:.1e}: each gradient must be "
                           "all-reduced exactly once per backward, and averaged over the ranks")
-    per_step = r["started"] // n
+    per_step = started // n
     ddp = statistics.median(r["ddp"][2:])
     print(f"step time against DDP's (1 all-reduce a step: one bucket), median of {n - 2} steps: by hand with "
           f"overlap {statistics.median(r['hand'][2:]) / ddp:.2f}x, after backward "

@@ -7,9 +7,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from workshop_lib.debug import collectives
-from workshop_lib.engine.common import CheckFailed, judge_prediction, raised, run_forked, still_todo, verdict
-from workshop_lib.engine.recorder import Collectives, Recorder, _of, recording
+from workshop_lib.engine import rules
+from workshop_lib.engine.common import CheckFailed, judge_prediction, raised, run_forked, said, still_todo, verdict
+from workshop_lib.engine.recorder import Recorder, _of, recording
+from workshop_lib.engine.runner import Run
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -19,8 +20,8 @@ def _weights(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab: int, accum: int):
-    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; what happened (the
-    backward() calls that all-reduced, from the record)."""
+    """One rank: a fresh DDP model and SGD, the learner's loop over this rank's micro-batches; how it ended, the record
+    of its calls (DDP's all-reduces among them), the weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from workshop_lib.model import SmilesLSTM
@@ -31,12 +32,9 @@ def _loop_on_rank(env, train_accumulating: Callable, batches_of: Callable, vocab
     try:
         with recording_allreduces(model) as events:
             train_accumulating(model, optimizer, batches_of(env.rank), accum)
-    except NotImplementedError:
-        return "todo", None, None
     except Exception as err:  # any mistake becomes the check's one line
-        return "error", raised(err), None
-    allreduces = _of(events, "collective", name="all_reduce", phase="enter")
-    return "ok", len({e["backward"] for e in allreduces}), _weights(model.module)
+        return said(err, "train_accumulating"), None, None
+    return None, events, _weights(model.module)
 
 
 def _reference(batches_of: Callable, vocab: int, nprocs: int, accum: int, scale: float = 1.0,
@@ -68,27 +66,16 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
     stepping once per ``accum`` micro-batches of every rank, and one all-reduce per step."""
     ranks = run_forked(_loop_on_rank, nprocs, train_accumulating, batches_of, vocab, accum, timeout=timeout,
                          name="train_accumulating")
-    status, detail, _ = next((r for r in ranks if r[0] != "ok"), ranks[0])
-    if status == "todo":
-        raise CheckFailed(still_todo("train_accumulating"))
-    if status == "error":
-        raise CheckFailed(f"train_accumulating raised {detail}")
-    n_batches = len(batches_of(0))
-    steps = n_batches // accum
-    count = ranks[0][1]
-    weights = [r[2] for r in ranks]
-    if any(not torch.equal(w, weights[0]) for w in weights):
-        if count == 0:
-            raise CheckFailed("the replicas drifted apart with 0 all-reduces: the last micro-batch of each step must "
-                              "run its forward and backward outside model.no_sync()")
-        raise CheckFailed("the replicas drifted apart: a step used gradients that were not all-reduced; only the last "
-                          "micro-batch before each optimizer.step() may run outside model.no_sync()")
-    if count == n_batches:
-        raise CheckFailed(f"{count} all-reduces for {n_batches} micro-batches: run the forward and backward of all but "
-                          "the last micro-batch of each step inside `with model.no_sync():` (the forward too)")
-    if count != steps:
-        raise CheckFailed(f"{count} all-reduces for {steps} optimizer steps: exactly one backward per step, the last "
-                          "before optimizer.step(), must run outside model.no_sync()")
+    failed = next((r[0] for r in ranks if r[0]), None)
+    if failed:
+        raise CheckFailed(failed)
+    steps, weights = len(batches_of(0)) // accum, [r[2] for r in ranks]
+    case = rules.Case(Run({rank: r[1] for rank, r in enumerate(ranks)}, {rank: [w.numpy()] for rank, w in
+                                                                           enumerate(weights)}), None)
+    wrong = rules.accumulation(case)  # the script checker's judge: one all-reduce per optimizer step
+    if wrong:
+        raise CheckFailed(wrong)
+    count = (rules.accumulating(case) or (0, [], 0))[2]
     if torch.allclose(weights[0], _reference(batches_of, vocab, nprocs, accum), atol=1e-5):
         verdict(None, f"train_accumulating: {steps} steps of {accum} micro-batches x {nprocs} ranks, {count} all-reduces, "
                 "and the weights of one process stepping on the big batches")
@@ -108,14 +95,14 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
 
 @contextlib.contextmanager
 def recording_allreduces(model) -> Iterator[list[dict]]:
-    """The record of the calls in the block (:class:`~workshop_lib.engine.recorder.Collectives`), where every
-    all-reduce DDP runs for ``model`` is one, with its backward()'s number: torch's own ``allreduce_hook`` (which
-    changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
+    """The record of the calls in the block (:func:`~workshop_lib.engine.recorder.recording`), where every all-reduce
+    DDP runs for ``model`` is one, with its backward()'s number (after a "comm_hook" event that says so): torch's own
+    ``allreduce_hook`` (which changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     model.register_comm_hook(None, default_hooks.allreduce_hook)
-    rec = Recorder()
-    with collectives.observing(Collectives(rec)):
+    with recording(Recorder()) as rec:
+        rec.add("comm_hook", line=False, hook="allreduce_hook")
         yield rec.events
 
 

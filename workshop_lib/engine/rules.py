@@ -640,6 +640,94 @@ def reran(case: Case) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- gradient accumulation, gradients by hand
+
+
+def accumulating(case: Case) -> tuple[int, list[dict], int] | None:
+    """Where a step of rank 0 follows more than one backward(): (its steps, its backward() calls, how many of those
+    all-reduced); None where none does, or where that is not known. Counted from the all-reduces recorded in backward()
+    where DDP's go through dist.all_reduce (a "comm_hook" event: a notebook's check). A script's DDP all-reduces in C++,
+    unrecorded, in every backward() after a training forward through it unless no_sync() turned that off: all are
+    counted where each followed one and the script's text, holding the backward(), never names no_sync."""
+    events = case.ranks[0]
+    made, calls = steps(events), _of(events, "backward", phase="enter")
+    if not any(s["backwards"] > 1 for s in made):
+        return None
+    if _of(events, "comm_hook"):
+        return len(made), calls, len({c["backward"] for c in _of(events, "collective", name="all_reduce",
+                                                                   phase="enter") if c.get("backward")})
+    if "backward" not in case.code(calls[0]["line"]) or re.search(r"no_sync|require_backward_grad_sync", case.source) \
+            or any(s["ddp_forwards"] < s["backwards"] for s in made):
+        return None
+    return len(made), calls, len(calls)
+
+
+def accumulation(case: Case) -> str | None:
+    """Gradient accumulation all-reduces once per optimizer step: each backward() but the last before the step runs,
+    with its forward, inside DDP's no_sync(); the replicas stay equal."""
+    found = accumulating(case)
+    if found is None:
+        return None
+    made, calls, reduced = found
+    if max(spreads(case.run.params), default=0.0) > TOLERANCE:
+        return ("the replicas drifted apart with 0 all-reduces: the last micro-batch of each step must run its forward "
+                "and backward outside model.no_sync()" if reduced == 0 else
+                "the replicas drifted apart: a step used gradients that were not all-reduced; only the last micro-batch "
+                "before each optimizer.step() may run outside model.no_sync()")
+    if reduced == len(calls):
+        step = steps(case.ranks[0])[0]
+        return (f"DDP all-reduced the gradients in all {reduced} backward() calls{_at(calls[0])}, {step['backwards']} "
+                f"per optimizer step{_at(step)}: outside no_sync() every backward() all-reduces, where one per step "
+                f"suffices (the weights are the same); run the forward and backward of all but the last micro-batch of "
+                f"each step inside `with model.no_sync():` (the forward too)")
+    if reduced != made:
+        return (f"DDP all-reduced the gradients in {reduced} backward() calls for {made} optimizer steps: exactly one "
+                f"backward per step, the last before optimizer.step(), must run outside model.no_sync()")
+    return None
+
+
+def hand_allreduces(events: list[dict]) -> list[dict]:
+    """The all-reduces this rank started inside backward(), of a model not wrapped in DDP: its gradient hooks'."""
+    if _of(events, "ddp") or _of(events, "comm_hook"):
+        return []  # DDP's own, through a comm hook: DDP waits for them
+    return [c for c in _of(events, "collective", name="all_reduce", phase="enter") if c.get("backward")]
+
+
+def blocked(case: Case) -> str | None:
+    """Gradients all-reduced by hand start asynchronously as backward() makes them, so that backward goes on."""
+    for events in case.ranks.values():
+        blocking = [c for c in hand_allreduces(events) if not c.get("async_op")]
+        if blocking:
+            return (f"{len(blocking)} all-reduces blocked backward: dist.all_reduce{_at(blocking[0])} waited for every "
+                    f"rank before backward went on (async_op=False); start them with async_op=True, keep the handles, "
+                    f"and wait for them after backward()")
+    return None
+
+
+def unwaited(case: Case) -> str | None:
+    """Gradients all-reduced by hand: every handle waited for before the optimizer step reads the gradients."""
+    for events in case.ranks.values():
+        started = {c["seq"]: c for c in hand_allreduces(events) if c.get("async_op")}
+        pending, missed, at = set(), [], None
+        for e in events:
+            if e["kind"] == "collective" and e.get("phase") == "enter" and e.get("seq") in started:
+                pending.add(e["seq"])
+            elif e["kind"] == "wait":
+                pending.discard(e["seq"])
+            elif e["kind"] == "step" and pending:
+                missed, at, pending = missed + sorted(pending), at or e, set()
+        if missed:
+            return (f"{len(missed)} all-reduces were still unwaited at optimizer.step(){_at(at)}: the step may read a "
+                    f"gradient before its all-reduce{_at(started[missed[0]])} ends; wait() on every handle after "
+                    f"backward(), then clear them")
+    return None
+
+
+def _note(found: str | None) -> str | None:
+    """A finding where the result is right and only its cost is not: said after the ✓, not as a ✗."""
+    return found and f"note: {found}"
+
+
 RUN, ANY = "run", "any"  # a rule's scope: every run, resumed ones too; any DDP script and every workshop step
 WORLDS = (3, 1)  # the world sizes the data rules are judged at besides 2
 Claim = Callable[[Case], str | None]
@@ -746,6 +834,11 @@ RULES = (
     Rule("step 4's resumed run trains the epochs after the snapshot's alone", resume.epochs_trained, (4,)),
     Rule("step 4's resumed run ends with the uninterrupted run's figures", resume.figures, (4,),
          says=(((4,), lambda c: resume.PASSED if {"resumed", "whole"} <= set(c.later) else None),)),
+    Rule("gradient accumulation all-reduces once per optimizer step, with no_sync (a note where it does not: the "
+         "weights are the same)", lambda c: None, ANY, says=(((None, *ALL), lambda c: _note(accumulation(c))),)),
+    Rule("gradients all-reduced by hand start asynchronously in backward() (a note where they block)", lambda c: None,
+         ANY, says=(((None, *ALL), lambda c: _note(blocked(c))),)),
+    Rule("gradients all-reduced by hand are waited for before the optimizer step reads them", unwaited, ANY),
 )
 
 

@@ -48,6 +48,16 @@ def make(average=True, wait=True, async_op=True, hooks=True, tensor="grad"):
     return train_by_hand
 
 
+def _line_of(text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(make)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+ALL_REDUCE, STEP = _line_of("dist.all_reduce(reduced"), _line_of("optimizer.step()")
+
+
 def todo(model, optimizer, batches):
     raise NotImplementedError("fill in the TODO above")
 
@@ -63,10 +73,12 @@ def test_overlapped_allreduces_give_ddps_weights_and_are_timed(capsys):
 
 @pytest.mark.parametrize(("train", "named"), [
     (todo, "train_by_hand still raises NotImplementedError"),
-    (make(hooks=False), "no all-reduce ran: in the hook, start dist.all_reduce"),
+    (make(hooks=False), "no all-reduce ran in backward(): in the hook, start dist.all_reduce"),
     (make(average=False), "the gradients are the sum over the 2 ranks, DDP's the mean: divide each by the world size"),
-    (make(wait=False), f"{8 * PARAMETERS} all-reduces were still unwaited at optimizer.step()"),
-    (make(async_op=False), f"{8 * PARAMETERS} all-reduces blocked backward (async_op=False)"),
+    (make(wait=False), f"{8 * PARAMETERS} all-reduces were still unwaited at optimizer.step() (line {STEP}): the "
+                       f"step may read a gradient before its all-reduce (line {ALL_REDUCE}) ends"),
+    (make(async_op=False), f"{8 * PARAMETERS} all-reduces blocked backward: dist.all_reduce (line {ALL_REDUCE}) waited "
+                           "for every rank before backward went on (async_op=False)"),
     (make(tensor="data"), "after 8 steps the weights differ from DDP's by "),
 ], ids=["todo", "no hooks", "summed", "never waited", "blocking", "the weights all-reduced"])
 def test_each_mistake_is_named(train, named):

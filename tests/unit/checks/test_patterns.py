@@ -107,6 +107,17 @@ def make_loop(no_sync_all_but_last=True, divide=True, zero_grad=True, forward_ou
     return loop
 
 
+def _line_of(fn, text: str) -> int:
+    import inspect
+
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+BACKWARD = _line_of(make_loop, "            else:") + 3  # the backward() of a forward inside the with block
+STEP = _line_of(make_loop, "optimizer.step()")
+
+
 def todo(*args):
     raise NotImplementedError("fill in the TODO above")
 
@@ -122,7 +133,9 @@ def test_the_accumulating_loop_passes(capsys):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("loop", "named"), [
     (todo, "still raises NotImplementedError"),
-    (make_loop(no_sync_all_but_last=False), "8 all-reduces for 8 micro-batches"),
+    (make_loop(no_sync_all_but_last=False), f"DDP all-reduced the gradients in all 8 backward() calls (line {BACKWARD}), "
+                                            f"4 per optimizer step (line {STEP}): outside no_sync() every backward() "
+                                            "all-reduces, where one per step suffices"),
     (make_loop(forward_outside=True), "(the forward too)"),
     (make_loop(divide=False), "divide every micro-batch's loss by accum (4)"),
     (make_loop(zero_grad=False), "call optimizer.zero_grad() after every optimizer.step()"),
@@ -152,13 +165,6 @@ def make_autocast_loss(device_type=None, dtype=torch.bfloat16, enabled=True, aut
 
 def autocast_todo(model, b):
     raise NotImplementedError("fill in the TODO above")
-
-
-def _line_of(fn, text: str) -> int:
-    import inspect
-
-    lines, first = inspect.getsourcelines(fn)
-    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
 AUTOCAST_LINE = _line_of(make_autocast_loss, "cast = torch.autocast(")

@@ -676,10 +676,10 @@ def accumulation(case: Case) -> str | None:
                 "before each optimizer.step() may run outside model.no_sync()")
     if reduced == len(calls):
         step = steps(case.ranks[0])[0]
-        return (f"DDP all-reduced the gradients in all {reduced} backward() calls{_at(calls[0])}, {step['backwards']} "
-                f"per optimizer step{_at(step)}: outside no_sync() every backward() all-reduces, where one per step "
-                f"suffices (the weights are the same); run the forward and backward of all but the last micro-batch of "
-                f"each step inside `with model.no_sync():` (the forward too)")
+        return (f"the gradients were all-reduced in all {reduced} backward() calls{_at(calls[0])}, {step['backwards']} "
+                f"per optimizer step{_at(step)}: DDP all-reduces in every backward() whose forward ran outside "
+                f"no_sync(), where one per step suffices (the same weights, to rounding); run the forward and backward "
+                f"of all but the last micro-batch of each step inside `with model.no_sync():` (the forward too)")
     if reduced != made:
         return (f"DDP all-reduced the gradients in {reduced} backward() calls for {made} optimizer steps: exactly one "
                 f"backward per step, the last before optimizer.step(), must run outside model.no_sync()")

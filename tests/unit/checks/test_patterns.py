@@ -133,9 +133,9 @@ def test_the_accumulating_loop_passes(capsys):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(("loop", "named"), [
     (todo, "still raises NotImplementedError"),
-    (make_loop(no_sync_all_but_last=False), f"DDP all-reduced the gradients in all 8 backward() calls (line {BACKWARD}), "
-                                            f"4 per optimizer step (line {STEP}): outside no_sync() every backward() "
-                                            "all-reduces, where one per step suffices"),
+    (make_loop(no_sync_all_but_last=False), f"the gradients were all-reduced in all 8 backward() calls (line {BACKWARD}), "
+                                            f"4 per optimizer step (line {STEP}): DDP all-reduces in every backward() "
+                                            "whose forward ran outside no_sync(), where one per step suffices"),
     (make_loop(forward_outside=True), "(the forward too)"),
     (make_loop(divide=False), "divide every micro-batch's loss by accum (4)"),
     (make_loop(zero_grad=False), "call optimizer.zero_grad() after every optimizer.step()"),

@@ -51,10 +51,10 @@ def case(events: list[dict], spread: float = 0.0, source: str = "", step: int | 
 def test_one_allreduce_per_step_passes_and_one_per_backward_is_named_with_its_lines():
     assert rules.accumulation(case(accumulating({4, 8}))) is None
     assert rules.accumulation(case(accumulating(set(range(1, 9))))) == (
-        f"DDP all-reduced the gradients in all 8 backward() calls (line {BACKWARD}), 4 per optimizer step (line {STEP}): "
-        "outside no_sync() every backward() all-reduces, where one per step suffices (the weights are the same); run "
-        "the forward and backward of all but the last micro-batch of each step inside `with model.no_sync():` (the "
-        "forward too)")
+        f"the gradients were all-reduced in all 8 backward() calls (line {BACKWARD}), 4 per optimizer step (line {STEP}): "
+        "DDP all-reduces in every backward() whose forward ran outside no_sync(), where one per step suffices (the same "
+        "weights, to rounding); run the forward and backward of all but the last micro-batch of each step inside `with "
+        "model.no_sync():` (the forward too)")
     assert rules.accumulation(case(accumulating({3, 4, 7, 8}))) == (
         "DDP all-reduced the gradients in 4 backward() calls for 2 optimizer steps: exactly one backward per step, the "
         "last before optimizer.step(), must run outside model.no_sync()")
@@ -73,7 +73,7 @@ def test_a_script_that_accumulates_without_no_sync_gets_a_note_not_a_cross():
     row = next(r for r in rules.RULES if r.holds.startswith("gradient accumulation"))
     script_case = case(accumulating(set(), hooked=False), source=text)
     assert row.judge(script_case) is None and row.applies(script_case)
-    assert row.claim(script_case).startswith(f"note: DDP all-reduced the gradients in all 8 backward() calls (line "
+    assert row.claim(script_case).startswith(f"note: the gradients were all-reduced in all 8 backward() calls (line "
                                              f"{BACKWARD}), 4 per optimizer step (line {STEP})")
     assert row.claim(case(accumulating(set(), hooked=False), source=text + "\nwith model.no_sync():")) is None
     assert row.claim(case(accumulating(set(), accum=1, steps=8, hooked=False), source=text)) is None  # no accumulation
@@ -149,7 +149,8 @@ def test_a_script_accumulating_without_no_sync_passes_with_a_note_naming_its_lin
         [(status, line)] = script.check_scripts([path], argv=["2", "1", "--snapshot_path", str(path.parent / "snap.pt")])
         assert status == "done", line
         assert line.startswith("accumulate.py: 2 ranks, 2 epoch(s): each read its own 256 of 512 training items"), line
-        assert ("; note: DDP all-reduced the gradients in all 32 backward() calls (line "
-                f"{backward}), 2 per optimizer step (line {step}): outside no_sync() every backward() all-reduces, where "
-                "one per step suffices (the weights are the same); run the forward and backward of all but the last "
-                "micro-batch of each step inside `with model.no_sync():` (the forward too)" in line) is note, line
+        assert ("; note: the gradients were all-reduced in all 32 backward() calls (line "
+                f"{backward}), 2 per optimizer step (line {step}): DDP all-reduces in every backward() whose forward "
+                "ran outside no_sync(), where one per step suffices (the same weights, to rounding); run the forward "
+                "and backward of all but the last micro-batch of each step inside `with model.no_sync():` (the forward "
+                "too)" in line) is note, line

@@ -26,10 +26,12 @@ def verdict(mistake: str | None, measured: str, prediction: bool = False) -> Non
     print(f"\N{BALLOT X} {mistake}" if mistake else f"\N{CHECK MARK} {measured}")
 
 
-def first(*checks: tuple[object, str]) -> str | None:
+def first(*checks: tuple[object, str | Callable[[], str]]) -> str | None:
     """The mistake of the first (broken, its line) pair whose ``broken`` holds: a check's judge as a table, in order;
-    None where none does."""
-    return next((said for broken, said in checks if broken), None)
+    None where none does. A line given as a callable is built only when it is said, so it reads what its check
+    established unguarded (a judge whose check needs what an earlier one established returns early instead)."""
+    said = next((said for broken, said in checks if broken), None)
+    return said() if callable(said) else said
 
 
 def still_todo(name: str) -> str:

@@ -80,7 +80,7 @@ def rank_events(rank: int) -> list[dict]:
     if rank == 0:
         events.append(ev("save", SAVE, path="/tmp/out/model.pt", keys=["embed.weight", "forward_lstm.weight_ih_l0"],
                          rank=0, epoch=None))
-    return [*events, ev("destroy", DESTROY), ev("end", None, left_group=True, how="returned")]
+    return [*events, ev("destroy", DESTROY), ev("end", None, how="returned")]
 
 
 def good_run() -> Run:
@@ -116,7 +116,7 @@ def ended(run: Run, rank: int, **end) -> Run:
     run = copy.deepcopy(run)
     run.ranks[rank] = [e for e in run.ranks[rank] if e["kind"] not in ("end", "destroy")]
     if end:
-        run.ranks[rank].append(ev("end", None, left_group=False, **end))
+        run.ranks[rank].append(ev("end", None, **end))
     return run
 
 

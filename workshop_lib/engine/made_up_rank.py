@@ -29,7 +29,7 @@ from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine import runner, torch_errors
 from workshop_lib.engine.common import CheckFailed, run_forked, said, still_todo, verdict
 from workshop_lib.engine.recorder import Recorder, _at, _of, call_name, recording, waiting_in
-from workshop_lib.errors import first_line
+from workshop_lib.launching import ends
 
 RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2  # the made-up GPU node's rank
 TIMEOUT = 6.0  # the group timeout setup is given: a join that cannot complete raises there (2 forked ranks meet in
@@ -189,8 +189,7 @@ def _on_a_gpu_node(setup: Callable) -> tuple[str | None, list[dict]]:
         except CheckFailed as err:
             return str(err), rec.events
         except Exception as err:  # the learner's error, said in one line
-            return (f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: {first_line(err, 300)}",
-                    rec.events)
+            return f"on a made-up node with 2 GPUs, {ends.summary(ends.record(RANK, err), by_line=True)}", rec.events
     return _mistake(rec.events, device), rec.events
 
 

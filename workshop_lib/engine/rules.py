@@ -417,7 +417,7 @@ def crashed(case: Case) -> str | None:
         if how(events) != "raised" or (case.reads and _of(events, "pass", split="train")):
             continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)
-        said = f"rank {rank} raised {e['type']}{_at(e)}: {e['message']}".rstrip(":")
+        said = ends.summary(e, by_line=True)
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"

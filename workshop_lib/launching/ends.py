@@ -71,18 +71,21 @@ def waiting(blocks: list[dict]) -> list[dict]:
     return found
 
 
-def summary(end: dict) -> str:
+def summary(end: dict, by_line: bool = False) -> str:
     """The one line of an end record: 'rank 1 raised ValueError: why (File "f", line 3, in g)', 'rank 0 exited with
-    code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'."""
+    code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'. ``by_line``: the
+    reader has the file before them (a checked script's, a cell's), so its line alone, first: 'rank 1 raised
+    ValueError (line 3): why'."""
     rank, how, code = end["rank"], end["how"], end.get("code")
-    where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") else ""
+    at = f" (line {end['line']})" if by_line and end.get("line") else ""
+    where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") and not at else ""
     if how == "raised":
-        return f"rank {rank} raised {end['type']}" + (f": {end['message']}" if end.get("message") else "") + where
+        return f"rank {rank} raised {end['type']}{at}" + (f": {end['message']}" if end.get("message") else "") + where
     if how == "exit":
-        return f"rank {rank} exited with code {code}: {end['message']}{where}"
+        return f"rank {rank} exited with code {code}{at}: {end['message']}{where}"
     if how in ("waiting", "timed out"):
         return f"rank {rank} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
-                                  how == "waiting" else "did not finish in time") + where
+                                  how == "waiting" else "did not finish in time") + at + where
     died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
             f"exited with code {code}" if code is not None else "ended")
     said = f"; its last lines: {end['detail']}" if end.get("detail") else "; it printed nothing"

@@ -101,7 +101,7 @@ def started(case: Case) -> str | None:
             said = (e.get("said") or [e["message"]])[-1]  # the script's own last words, as it printed them
             usage = (f"; its own arguments go after its path: python -m workshop_lib.check [options] {case.name} ARGS"
                      if case.step is None and e["code"] == 2 else "")
-            return f"rank {rank} stopped with exit code {e['code']}{_at(e)}: {said}{usage}"
+            return ends.summary({**e, "message": said}, by_line=True) + usage
     return None
 
 

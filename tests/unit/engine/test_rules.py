@@ -174,7 +174,7 @@ def test_step_1_wants_every_epoch_trained():
     (ended(good_run(), 1, how="raised", type="NotImplementedError", message="fill in the TODO above", line=60),
      "a TODO is still open (line 60): fill it in (its line raises NotImplementedError)"),
     (ended(good_run(), 0, how="exit", code=2, message="unrecognized arguments: --fast", line=None),
-     "rank 0 stopped with exit code 2: unrecognized arguments: --fast"),
+     "rank 0 exited with code 2: unrecognized arguments: --fast"),
     (ended(changed({"kind": "init"}, drop=True), 0, how="raised", type="ValueError", line=line("dist.get_rank(),"),
            message="Default process group has not been initialized, please make sure to call init_process_group."),
      f"rank 0 used the process group before joining it (torch: Default process group has not been initialized) "

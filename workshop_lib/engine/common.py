@@ -105,7 +105,7 @@ def _collective_result(source: str, line: int) -> str | None:
     read = set(branches.names_read(source, line))
     for node in sorted(ast.walk(branches.scope(tree, line)) if tree else (), key=lambda n: -getattr(n, "lineno", 0)):
         call = node.value if isinstance(node, ast.Assign) and node.lineno < line else None
-        name = getattr(getattr(call, "func", None), "attr", getattr(getattr(call, "func", None), "id", None))
+        name = branches.called(call)
         targets = {n.id for t in getattr(node, "targets", ()) for n in ast.walk(t) if isinstance(n, ast.Name)}
         if name in collectives.COLLECTIVES and read & targets and not any(k.arg == "async_op" for k in call.keywords):
             target = ast.unparse(node.targets[0])

@@ -72,23 +72,6 @@ class Run:
 # ----------------------------------------------------------------------------- one rank
 
 
-class _Tail:
-    """This rank's stderr, written through, its last lines kept: what the script itself said before it left."""
-
-    def __init__(self, stream):
-        self.stream, self.kept = stream, ""
-
-    def write(self, text: str) -> int:
-        self.kept = (self.kept + text)[-2000:]
-        return self.stream.write(text)
-
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
-
-    def said(self) -> list[str]:
-        return [line for line in self.kept.splitlines() if line.strip()][-6:]
-
-
 def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int, hang_after: float) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched (``hang_after``) and recorded under ``prefix``; its end
     record (:func:`~workshop_lib.launching.ends.record`)."""
@@ -97,7 +80,6 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
     sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
-    tail = sys.stderr = _Tail(sys.stderr)
     hangwatch.attach(threshold=hang_after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
@@ -106,13 +88,15 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     except BaseException as err:  # every way out is an outcome to report
         error = err
     finally:
-        sys.argv, sys.stderr = saved_argv, tail.stream
+        sys.argv = saved_argv
         with contextlib.suppress(ValueError):
             sys.path.remove(os.path.dirname(script))
         hangwatch.detach()  # says this rank left; the next script gets a watch of its own
     still_joined = dist.is_available() and dist.is_initialized()
     end = ends.record(int(os.environ.get("RANK", 0)), error, within=script)
-    end = rec.add("end", line=end.pop("line", None), said=tail.said(), **end)
+    sys.stdout.flush()
+    sys.stderr.flush()  # what the script printed last, from this rank's log (run's logs): its own last words
+    end = rec.add("end", line=end.pop("line", None), said=ends.last_lines(Path(f"{prefix}.log")), **end)
     rec.close()
     if still_joined:  # a script that never left
         with contextlib.suppress(Exception):

@@ -39,16 +39,21 @@ def record(rank: int, err: BaseException | None, within: str | None = None) -> d
 
 def killed(rank: int, code: int | None, log: Path) -> dict:
     """A rank that ended without a record (killed, aborted in C++, ``os._exit``): its exit code, the signal that
-    ended it (a negative code), and the last lines of its ``log``, before faulthandler's dump of its stacks, at the
-    time the log was last written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
-    output = log.read_text(errors="replace") if log.is_file() else ""
+    ended it (a negative code), and the last lines of its ``log`` (:func:`last_lines`), at the time the log was last
+    written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
     when = log.stat().st_mtime if log.is_file() else time.time()
-    lines = [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
     try:
         died = signal.Signals(-code).name if code is not None and code < 0 else None
     except ValueError:
         died = f"signal {-code}"
-    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when, "detail": " | ".join(lines)}
+    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when,
+            "detail": " | ".join(last_lines(log))}
+
+
+def last_lines(log: Path) -> list[str]:
+    """The last 3 lines a rank wrote to its ``log``, before faulthandler's dump of its stacks, if any."""
+    output = log.read_text(errors="replace") if log.is_file() else ""
+    return [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
 
 
 def timed_out(rank: int) -> dict:

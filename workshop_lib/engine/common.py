@@ -170,18 +170,18 @@ def rank_alone(ended: list[dict]) -> str | None:
         found = file and branches.under_rank([(_text(file), line)])
         if found:
             call = next((n for n in ast.walk(branches.parse(code) or ast.Module([], [])) if isinstance(n, ast.Call)), None)
-            name = ast.unparse(call.func).split(".")[-1] if call else "the call"
+            name = branches.called(call) or "the call"
             return (f"{name} (line {line}) is called by rank {end['rank']} alone, under `if {found[2]}:` (line "
                     f"{found[1]}): call it on every rank (it is a collective), or move it out of the block")
     return None
 
 
 def _text(file: str) -> str:
-    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk."""
+    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk (linecache
+    reads it)."""
     import linecache
-    from pathlib import Path
 
-    return "".join(linecache.getlines(file)) or (Path(file).read_text() if Path(file).is_file() else "")
+    return "".join(linecache.getlines(file))
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,

@@ -45,7 +45,7 @@ def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
     """One rank: ``setup(TIMEOUT)`` recorded (also to a file, read if the run is stopped); how it joined."""
     rank = int(os.environ["RANK"])
     os.environ.update(runner.rank_env(rank, port))
-    rec, device, end, given = Recorder(Path(folder, f"rank{rank}")), None, None, None
+    rec, device, end, given = Recorder(Path(folder, f"setup.rank{rank}")), None, None, None
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             with recording(rec):
@@ -91,8 +91,10 @@ def _no_gpu(err: Exception) -> str | None:
 def _stuck(folder: str) -> str | None:
     """Where a rank of the stopped run waited, from its record (inside init_process_group), and why: a rank whose
     arguments contradict torchrun's variables first."""
-    waits = [(rank, waiting, _given(events, rank)) for rank in range(runner.WORLD)
-             if (waiting := waiting_in(events := runner.read_events(Path(folder, f"rank{rank}.jsonl")))) is not None]
+    records = runner.Records(Path(folder, "setup"), runner.WORLD)
+    records.update()
+    waits = [(rank, waiting, _given(events, rank)) for rank, events in records.events.items()
+             if (waiting := waiting_in(events)) is not None]
     if not waits:
         return None
     rank, waiting, why = min(waits, key=lambda w: w[2] is None)

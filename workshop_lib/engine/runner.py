@@ -119,12 +119,6 @@ def run_item(item: dict) -> None:
 # ----------------------------------------------------------------------------- the pair, from outside
 
 
-def read_events(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
 def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
     """The parameters after each optimizer step of ``events``, as the recorder wrote them to PREFIX.params."""
     path = Path(f"{prefix}.params")
@@ -137,19 +131,20 @@ def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
     return vectors
 
 
-class _Progress:
-    """What each rank has recorded, read once a poll, only what it appended (whole lines): its events; when it last
-    wrote anything (its record or its parameters), and when the first rank ended (an ``end`` event)."""
+class Records:
+    """What each of ``world`` ranks has recorded under PREFIX.rankR, read at each :meth:`update`, only what it appended
+    (whole lines): its events; when it last wrote anything (its record or its parameters), and when the first rank
+    ended (an ``end`` event)."""
 
-    def __init__(self, item: Item):
-        self.item, self.first_end = item, None
-        self.events: dict[int, list[dict]] = {r: [] for r in range(item.world)}
+    def __init__(self, prefix: Path, world: int):
+        self.prefix, self.first_end = prefix, None
+        self.events: dict[int, list[dict]] = {r: [] for r in range(world)}
         self.read, self.sizes, self.changed, self.ended = dict.fromkeys(self.events, 0), {}, {}, set()
 
     def update(self) -> None:
         now = time.monotonic()
         for rank, events in self.events.items():
-            prefix = f"{self.item.prefix}.rank{rank}"
+            prefix = f"{self.prefix}.rank{rank}"
             try:
                 with open(f"{prefix}.jsonl", "rb") as f:
                     f.seek(self.read[rank])
@@ -173,7 +168,7 @@ class _Progress:
         return now - max(self.changed.get(rank, now), self.first_end or 0.0)
 
 
-def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
+def _why_stop(item: Item, progress: Records, started: float) -> str | None:
     """Why to stop the run now: the watch saw a rank wait for one that is still in the job, or for one that has
     ended; two ranks joined as one; a rank has ended and another is quiet; nobody is making progress; too long."""
     if hangreport.missing_rank(item.hang):
@@ -224,7 +219,7 @@ def run(item: Item) -> Run:
             "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
             "hang_after": item.hang_after}
     ranks = Ranks(run_item, {r: (spec,) for r in world}, envs, start_method(), {r: str(logs[r]) for r in world})
-    progress, started = _Progress(item), time.monotonic()
+    progress, started = Records(item.prefix, item.world), time.monotonic()
     try:
         ranks.start()
         done = ranks.wait(lambda: progress.update() or _why_stop(item, progress, started), every=0.05)

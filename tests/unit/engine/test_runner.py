@@ -115,8 +115,7 @@ def test_ranks_the_runner_stopped_in_a_hang_end_in_waiting_records_with_the_call
 def test_the_stop_policy_reads_what_each_rank_appended_once_and_its_end_from_the_record(tmp_path):
     """A poll parses only the lines appended since the last one (a line still being written waits for its newline),
     and a rank has ended when an ``end`` event was recorded, not where a field's text reads like one."""
-    item = runner.Item(tmp_path / "script.py", [], tmp_path / "item", world=1)
-    path, progress = tmp_path / "item.rank0.jsonl", runner._Progress(item)
+    path, progress = tmp_path / "item.rank0.jsonl", runner.Records(tmp_path / "item", 1)
     progress.update()  # no record yet
     step = json.dumps({"kind": "step", "numel": 0, "said": {"kind": "end"}}) + "\n"
     path.write_text(step + step[:10])

@@ -207,9 +207,8 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
         culprit = err.ends[0]  # the first to fail
         if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
-        why = next(filter(None, (torch_errors.explain(end["detail"]) for end in err.ends)), None)
-        if why is None and culprit.get("line"):
-            why = _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"])
+        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None) or (
+            culprit.get("line") and _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"]))
         raise CheckFailed(f"a rank failed: {ends.summary(culprit)}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

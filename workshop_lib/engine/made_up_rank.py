@@ -279,7 +279,6 @@ def on_a_gpu_node(source: str, name: str) -> tuple[str | None, str | None]:
         return None, None
     if not callable(names.get("setup")):
         return None, None
-    with contextlib.redirect_stdout(io.StringIO()):
-        mistake = _on_a_gpu_node(names["setup"])[0]
+    mistake = _on_a_gpu_node(names["setup"])[0]
     return (f"as rank {RANK} of {WORLD} on a made-up node with 2 GPUs, setup chose NCCL on cuda:{LOCAL_RANK}",
             mistake and f"setup as a made-up rank {RANK} of {WORLD} (nothing joined): {mistake}")

@@ -211,10 +211,8 @@ def run(item: Item) -> Run:
     world = range(item.world)
     store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
     logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
-    envs = {r: rank_env(r, store.port, item.world) for r in world}
+    envs = {r: {**rank_env(r, store.port, item.world), RECORD_VARIABLE: str(item.hang)} for r in world}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
-    for r in world:
-        envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
             "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
             "hang_after": item.hang_after}

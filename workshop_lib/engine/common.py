@@ -115,12 +115,6 @@ def _collective_result(source: str, line: int) -> str | None:
     return None
 
 
-def _this_rank() -> int | None:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
-
-
 def _call(fn: Callable, name: str, *args):
     """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
     try:
@@ -146,9 +140,10 @@ def raised(err: Exception, why: str | None = None) -> str:
     """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
     where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
     from workshop_lib.debug import frames
+    from workshop_lib.engine.recorder import _rank
 
     mine = frames.raised_at(err)  # the innermost line of the learner's code
-    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
+    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _rank()))
     return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
             + (f"; {why}" if why else ""))
 

@@ -107,7 +107,7 @@ def test_the_scripts_own_argparse_message_is_shown(tmp_path):
     proc = _check([ELSEWHERE / "train.py"], tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdict = proc.stdout.splitlines()[-1]
-    assert verdict.startswith("\N{BALLOT X} train.py: rank 0 stopped with exit code 2 (line "), verdict
+    assert verdict.startswith("\N{BALLOT X} train.py: rank 0 exited with code 2 (line "), verdict
     assert verdict.endswith("): train.py: error: the following arguments are required: total_epochs, save_every; its "
                             "own arguments go after its path: python -m workshop_lib.check [options] train.py ARGS"), \
         verdict

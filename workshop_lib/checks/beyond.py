@@ -214,17 +214,22 @@ def resume(fn: Callable, nprocs: int = 2, timeout: float = 60) -> None:
         raise CheckFailed("resume must return (model, optimizer)")
     model, optimizer = got
     weights = model.state_dict()
-    differ = [k for k, v in saved["model"].items() if k in weights and not torch.equal(weights[k], v)]
-    state = get_state_dict(model, optimizer)[1]["state"]
-    verdict(first((sorted(weights) != sorted(saved["model"]),
-                   f"the model's keys ({next(iter(weights), '')}, ...) are not the saved ones "
-                   f"({next(iter(saved['model']))}, ...): resume into the plain model, no wrapper"),
-                  (differ, f"{len(differ)} of {len(weights)} weights differ from the 2 ranks' ({(differ or [''])[0]} "
-                           f"first): dcp.load into the state dict, then set_state_dict(model, optimizer, ...)"),
-                  (any(k not in state or not torch.equal(state[k]["exp_avg"], v) for k, v in saved["exp_avg"].items()),
-                   "the weights match, the optimizer's state does not (AdamW's exp_avg): load the optimizer too, "
-                   "get_state_dict(model, optimizer) before dcp.load and set_state_dict after it")),
-            f"1 process resumed what {nprocs} ranks saved: {len(weights)} weights and AdamW's moments equal, bit for bit")
+
+    def mistake() -> str | None:  # each check asked once those before it held
+        if sorted(weights) != sorted(saved["model"]):
+            return (f"the model's keys ({next(iter(weights), 'none')}, ...) are not the saved ones "
+                    f"({next(iter(saved['model']))}, ...): resume into the plain model, no wrapper")
+        if differ := [k for k, v in saved["model"].items() if not torch.equal(weights[k], v)]:
+            return (f"{len(differ)} of {len(weights)} weights differ from the {nprocs} ranks' ({differ[0]} first): "
+                    f"dcp.load into the state dict, then set_state_dict(model, optimizer, ...)")
+        state = get_state_dict(model, optimizer)[1]["state"]
+        if any(k not in state or not torch.equal(state[k]["exp_avg"], v) for k, v in saved["exp_avg"].items()):
+            return ("the weights match, the optimizer's state does not (AdamW's exp_avg): load the optimizer too, "
+                    "get_state_dict(model, optimizer) before dcp.load and set_state_dict after it")
+        return None
+
+    verdict(mistake(), f"1 process resumed what {nprocs} ranks saved: {len(weights)} weights and AdamW's moments "
+                       f"equal, bit for bit")
 
 
 def main() -> None:

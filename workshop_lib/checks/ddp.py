@@ -96,8 +96,8 @@ def terminal_run(out, path) -> None:
     verdict(first((metrics["world_size"] < 2 or metrics["script"] != "step3_ddp",
                    f"{out.name} holds a run of {metrics['script']} on {metrics['world_size']} process(es): start step 3 "
                    f"with --nproc_per_node=2"),
-                  (any(spreads), f"the replicas drifted apart in your run (spread {max(spreads):.3g}): is the model "
-                                 f"wrapped?"),
+                  (any(spreads), lambda: f"the replicas drifted apart in your run (spread {max(spreads):.3g}): is "
+                                         f"the model wrapped?"),
                   (any(k.startswith("module.") for k in keys),
                    "model.pt holds the wrapper's keys (module.*): save model.module.state_dict()")),
             f"your run: {metrics['world_size']} ranks, {len(spreads)} epochs, every replica equal after each (spread 0), "

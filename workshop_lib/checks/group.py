@@ -55,10 +55,10 @@ def all_reduce(fn: Callable, nprocs: int = 2, timeout: float = 30) -> None:
     verdict(first(
         (any(r["outcome"] == "todo" for r in ranks), still_todo(fn.__name__)),
         (len(silent) == nprocs, "no rank called dist.all_reduce: call it on a tensor holding dist.get_rank() + 1"),
-        (silent, f"rank {next(iter(silent), None)} never called dist.all_reduce while other ranks did: every rank "
-                 f"must call every collective, or the others wait for it (and fail when it leaves)"),
+        (silent, lambda: f"rank {silent[0]} never called dist.all_reduce while other ranks did: every rank must "
+                         f"call every collective, or the others wait for it (and fail when it leaves)"),
         (wrong, wrong), (failed, failed),
-        (off, off and f"{fn.__name__} (line {off['line']}) calls dist.{off['name']} on a tensor on the "
+        (off, lambda: f"{fn.__name__} (line {off['line']}) calls dist.{off['name']} on a tensor on the "
                       f"{off['device'].upper()}, not on `device`: on a GPU node setup joins with nccl, which takes GPU "
                       f"tensors only (torch raises RuntimeError: No backend type associated with device type "
                       f"{off['device']}); create the tensor on the rank's device, torch.tensor(..., device=device)")),

@@ -18,6 +18,7 @@ from workshop_lib.data import TokenizedDataset
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine import rules, torch_errors
 from workshop_lib.engine import shards as judged
+from workshop_lib.engine.branches import called
 from workshop_lib.engine.common import CheckFailed, is_number, judge_prediction, run_forked, said, verdict
 from workshop_lib.engine.recorder import Recorder, passes, recording
 
@@ -142,14 +143,9 @@ def spread_prediction(predicted: float | None, result: dict, path: str | Path | 
 
 def averaged_count(path: str | Path | None, logged: int, train: int) -> str:
     """The molecules of an epoch logged as 1/world size of the split: a count all-reduced with op=AVG."""
-    line = next((n.lineno for n in _calls(path, "all_reduce") if "AVG" in ast.unparse(n)), None) if path else None
+    calls = sorted(ast.walk(ast.parse(Path(path).read_text())), key=lambda n: getattr(n, "lineno", 0)) if path else ()
+    line = next((n.lineno for n in calls if called(n) == "all_reduce" and "AVG" in ast.unparse(n)), None)
     at = f", line {line}" if line else ""
     return (f"the run logged {logged} molecules in epoch 1 of {train}: the molecule count was averaged (op=AVG{at}): "
             f"sum the totals with ReduceOp.SUM and divide once")
 
-
-def _calls(path: str | Path, name: str) -> list[ast.Call]:
-    """The calls of ``name`` (``dist.name(...)`` or ``name(...)``) in the script, in order."""
-    tree = ast.parse(Path(path).read_text())
-    return sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)
-                   and getattr(n.func, "attr", getattr(n.func, "id", None)) == name), key=lambda n: n.lineno)

@@ -22,6 +22,12 @@ def parse(source: str) -> ast.Module | None:
         return None
 
 
+def called(node: ast.AST) -> str | None:
+    """The name a call calls (``all_reduce`` of ``dist.all_reduce(...)``); None for anything but a call."""
+    func = node.func if isinstance(node, ast.Call) else None
+    return getattr(func, "attr", getattr(func, "id", None))
+
+
 def _leaf(n: ast.AST, only_global: bool) -> bool:
     """Is ``n`` itself the rank: any rank (a name or attribute with ``rank`` in it, a variable ``..RANK`` of the
     environment), or ``only_global``, the global rank (``get_rank``, ``"RANK"``)?"""
@@ -201,8 +207,7 @@ def decided_by_received(source: str, line: int | None, call: str) -> tuple[str, 
     if tree is None or not line or call not in _RECEIVED:
         return None
     where, keyword = _RECEIVED[call]
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
-             and getattr(n.func, "attr", getattr(n.func, "id", None)) == call]
+    calls = [n for n in ast.walk(tree) if called(n) == call and n.lineno == line]
     if not calls:
         return None
     args = calls[0].args

@@ -26,10 +26,12 @@ def verdict(mistake: str | None, measured: str, prediction: bool = False) -> Non
     print(f"\N{BALLOT X} {mistake}" if mistake else f"\N{CHECK MARK} {measured}")
 
 
-def first(*checks: tuple[object, str]) -> str | None:
+def first(*checks: tuple[object, str | Callable[[], str]]) -> str | None:
     """The mistake of the first (broken, its line) pair whose ``broken`` holds: a check's judge as a table, in order;
-    None where none does."""
-    return next((said for broken, said in checks if broken), None)
+    None where none does. A line given as a callable is built only when it is said, so it reads what its check
+    established unguarded (a judge whose check needs what an earlier one established returns early instead)."""
+    said = next((said for broken, said in checks if broken), None)
+    return said() if callable(said) else said
 
 
 def still_todo(name: str) -> str:
@@ -103,7 +105,7 @@ def _collective_result(source: str, line: int) -> str | None:
     read = set(branches.names_read(source, line))
     for node in sorted(ast.walk(branches.scope(tree, line)) if tree else (), key=lambda n: -getattr(n, "lineno", 0)):
         call = node.value if isinstance(node, ast.Assign) and node.lineno < line else None
-        name = getattr(getattr(call, "func", None), "attr", getattr(getattr(call, "func", None), "id", None))
+        name = branches.called(call)
         targets = {n.id for t in getattr(node, "targets", ()) for n in ast.walk(t) if isinstance(n, ast.Name)}
         if name in collectives.COLLECTIVES and read & targets and not any(k.arg == "async_op" for k in call.keywords):
             target = ast.unparse(node.targets[0])
@@ -111,12 +113,6 @@ def _collective_result(source: str, line: int) -> str | None:
                     f"in place on the tensor it is given and returns None (a work handle only with async_op=True); "
                     f"call {ast.unparse(call.func)}(tensor) on a line of its own, then read the tensor")
     return None
-
-
-def _this_rank() -> int | None:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
 
 
 def _call(fn: Callable, name: str, *args):
@@ -144,9 +140,10 @@ def raised(err: Exception, why: str | None = None) -> str:
     """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
     where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
     from workshop_lib.debug import frames
+    from workshop_lib.engine.recorder import _rank
 
     mine = frames.raised_at(err)  # the innermost line of the learner's code
-    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _this_rank()))
+    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _rank()))
     return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
             + (f"; {why}" if why else ""))
 
@@ -168,18 +165,18 @@ def rank_alone(ended: list[dict]) -> str | None:
         found = file and branches.under_rank([(_text(file), line)])
         if found:
             call = next((n for n in ast.walk(branches.parse(code) or ast.Module([], [])) if isinstance(n, ast.Call)), None)
-            name = ast.unparse(call.func).split(".")[-1] if call else "the call"
+            name = branches.called(call) or "the call"
             return (f"{name} (line {line}) is called by rank {end['rank']} alone, under `if {found[2]}:` (line "
                     f"{found[1]}): call it on every rank (it is a collective), or move it out of the block")
     return None
 
 
 def _text(file: str) -> str:
-    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk."""
+    """A learner's file as the run read it: a notebook cell from IPython's linecache, a script from disk (linecache
+    reads it)."""
     import linecache
-    from pathlib import Path
 
-    return "".join(linecache.getlines(file)) or (Path(file).read_text() if Path(file).is_file() else "")
+    return "".join(linecache.getlines(file))
 
 
 def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str | None = None,
@@ -205,9 +202,8 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
         culprit = err.ends[0]  # the first to fail
         if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
-        why = next(filter(None, (torch_errors.explain(end["detail"]) for end in err.ends)), None)
-        if why is None and culprit.get("line"):
-            why = _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"])
+        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None) or (
+            culprit.get("line") and _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"]))
         raise CheckFailed(f"a rank failed: {ends.summary(culprit)}" + (f"; {why}" if why else "")) from None
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

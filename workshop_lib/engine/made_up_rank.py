@@ -29,7 +29,7 @@ from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine import runner, torch_errors
 from workshop_lib.engine.common import CheckFailed, run_forked, said, still_todo, verdict
 from workshop_lib.engine.recorder import Recorder, _at, _of, call_name, recording, waiting_in
-from workshop_lib.errors import first_line
+from workshop_lib.launching import ends
 
 RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2  # the made-up GPU node's rank
 TIMEOUT = 6.0  # the group timeout setup is given: a join that cannot complete raises there (2 forked ranks meet in
@@ -45,7 +45,7 @@ def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
     """One rank: ``setup(TIMEOUT)`` recorded (also to a file, read if the run is stopped); how it joined."""
     rank = int(os.environ["RANK"])
     os.environ.update(runner.rank_env(rank, port))
-    rec, device, end, given = Recorder(Path(folder, f"rank{rank}")), None, None, None
+    rec, device, end, given = Recorder(Path(folder, f"setup.rank{rank}")), None, None, None
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             with recording(rec):
@@ -91,8 +91,10 @@ def _no_gpu(err: Exception) -> str | None:
 def _stuck(folder: str) -> str | None:
     """Where a rank of the stopped run waited, from its record (inside init_process_group), and why: a rank whose
     arguments contradict torchrun's variables first."""
-    waits = [(rank, waiting, _given(events, rank)) for rank in range(runner.WORLD)
-             if (waiting := waiting_in(events := runner.read_events(Path(folder, f"rank{rank}.jsonl")))) is not None]
+    records = runner.Records(Path(folder, "setup"), runner.WORLD)
+    records.update()
+    waits = [(rank, waiting, _given(events, rank)) for rank, events in records.events.items()
+             if (waiting := waiting_in(events)) is not None]
     if not waits:
         return None
     rank, waiting, why = min(waits, key=lambda w: w[2] is None)
@@ -189,8 +191,7 @@ def _on_a_gpu_node(setup: Callable) -> tuple[str | None, list[dict]]:
         except CheckFailed as err:
             return str(err), rec.events
         except Exception as err:  # the learner's error, said in one line
-            return (f"setup raised {type(err).__name__} on a made-up node with 2 GPUs: {first_line(err, 300)}",
-                    rec.events)
+            return f"on a made-up node with 2 GPUs, {ends.summary(ends.record(RANK, err), by_line=True)}", rec.events
     return _mistake(rec.events, device), rec.events
 
 
@@ -278,7 +279,6 @@ def on_a_gpu_node(source: str, name: str) -> tuple[str | None, str | None]:
         return None, None
     if not callable(names.get("setup")):
         return None, None
-    with contextlib.redirect_stdout(io.StringIO()):
-        mistake = _on_a_gpu_node(names["setup"])[0]
+    mistake = _on_a_gpu_node(names["setup"])[0]
     return (f"as rank {RANK} of {WORLD} on a made-up node with 2 GPUs, setup chose NCCL on cuda:{LOCAL_RANK}",
             mistake and f"setup as a made-up rank {RANK} of {WORLD} (nothing joined): {mistake}")

@@ -93,7 +93,7 @@ def _close(a: float, b: float) -> bool:
 
 def started(case: Case) -> str | None:
     """Every rank ran the script it was given: no TODO left open, no exit on its arguments."""
-    for rank, events in sorted(case.ranks.items()):
+    for _, events in sorted(case.ranks.items()):
         e = end(events) or {}
         if e.get("type") == "NotImplementedError":
             return f"a TODO is still open{_at(e)}: fill it in (its line raises NotImplementedError)"
@@ -101,7 +101,7 @@ def started(case: Case) -> str | None:
             said = (e.get("said") or [e["message"]])[-1]  # the script's own last words, as it printed them
             usage = (f"; its own arguments go after its path: python -m workshop_lib.check [options] {case.name} ARGS"
                      if case.step is None and e["code"] == 2 else "")
-            return f"rank {rank} stopped with exit code {e['code']}{_at(e)}: {said}{usage}"
+            return ends.summary({**e, "message": said}, by_line=True) + usage
     return None
 
 
@@ -141,15 +141,17 @@ def _held(case: Case, epoch: int) -> dict[int, tuple[float, int]]:
     return held
 
 
+def _seq(events: list[dict], call: dict, phase: str = "exit") -> dict:
+    """This rank's event of the collective numbered as ``call`` (its exit: what it left, ``after``); {} if none."""
+    return next(iter(_of(events, "collective", phase=phase, seq=call.get("seq"))), {})
+
+
 def _totals_call(case: Case, held: dict[int, tuple[float, int]], after: float) -> tuple[dict, str] | None:
     """Rank 0's all_reduce that left ``after`` among its values, and what each value was: 'loss sum', 'molecules'."""
-    exits = {(r, x["seq"]): x.get("after") or [] for r, ev in case.ranks.items()
-             for x in _of(ev, "collective", name="all_reduce", phase="exit")}
     for call in _of(case.ranks[0], "collective", name="all_reduce", phase="enter"):
-        if not any(_close(v, after) for v in exits.get((0, call["seq"]), [])):
+        if not any(_close(v, after) for v in _seq(case.ranks[0], call).get("after") or []):
             continue
-        befores = {r: next((c.get("before") or [] for c in _of(ev, "collective", phase="enter", seq=call["seq"])), [])
-                   for r, ev in case.ranks.items()}
+        befores = {r: _seq(ev, call, "enter").get("before") or [] for r, ev in case.ranks.items()}
         names = []
         for i, _ in enumerate(call.get("before") or []):
             mine = {r: b[i] if i < len(b) else math.nan for r, b in befores.items()}
@@ -162,12 +164,10 @@ def _totals_call(case: Case, held: dict[int, tuple[float, int]], after: float) -
 def _reduced_twice(case: Case) -> tuple[dict, dict] | None:
     """Rank 0's two all_reduces where the second was given what the first returned: the sums summed again."""
     events = case.ranks[0]
-    afters = {x["seq"]: x.get("after") for x in _of(events, "collective", name="all_reduce", phase="exit")}
     calls = _of(events, "collective", name="all_reduce", phase="enter")
     for i, call in enumerate(calls):
         for earlier in calls[:i]:
-            if call.get("before") and call.get("before") == afters.get(earlier["seq"]) \
-                    and not _in_check(case, call):
+            if call.get("before") and call["before"] == _seq(events, earlier).get("after") and not _in_check(case, call):
                 return earlier, call
     return None
 
@@ -260,7 +260,7 @@ def all_reduced(ranks: dict[int, list[dict]], picked: Callable[[dict], bool] = l
         if call.get("before") != [rank + 1.0]:
             return (f"rank {rank} contributed {call.get('before')}{_at(call)}, expected [{rank + 1.0}]: each rank "
                     f"contributes its rank + 1 (dist.get_rank() + 1)")
-        after = next((x.get("after") for x in _of(events, "collective", phase="exit", seq=call.get("seq"))), None)
+        after = _seq(events, call).get("after")
         if after is not None and after != [world * (world + 1) / 2]:
             return f"rank {rank} got {after} from the all_reduce{_at(call)}, expected [{world * (world + 1) / 2}]"
     return None
@@ -313,8 +313,7 @@ def _decision(case: Case, ranks_left: list[int]) -> str | None:
     """Why some ranks left the loop: a value only rank 0 got (reduce) decided, or a break under a rank test."""
     for events in case.ranks.values():
         for c in _of(events, "collective", name="reduce", phase="enter"):
-            afters = {r: next((x.get("after") for x in _of(ev, "collective", phase="exit", seq=c.get("seq"))), None)
-                      for r, ev in case.ranks.items()}
+            afters = {r: _seq(ev, c).get("after") for r, ev in case.ranks.items()}
             if len({str(v) for v in afters.values()}) > 1:
                 kept = ", ".join(f"rank {r} [{', '.join(f'{x:.4g}' for x in v or [])}]" for r, v in sorted(afters.items()))
                 return (f"dist.reduce{_at(c)} delivers the result to one rank only ({kept}), yet every rank decided "
@@ -417,7 +416,7 @@ def crashed(case: Case) -> str | None:
         if how(events) != "raised" or (case.reads and _of(events, "pass", split="train")):
             continue  # (a probe's training passes are left empty: what fails after one is the probe's)
         e = end(events)
-        said = f"rank {rank} raised {e['type']}{_at(e)}: {e['message']}".rstrip(":")
+        said = ends.summary(e, by_line=True)
         race, kept = _file_race(case, rank, e), _kept_the_wrapper(case, e)
         if race or kept:
             return race or f"{said} {kept}"

@@ -72,23 +72,6 @@ class Run:
 # ----------------------------------------------------------------------------- one rank
 
 
-class _Tail:
-    """This rank's stderr, written through, its last lines kept: what the script itself said before it left."""
-
-    def __init__(self, stream):
-        self.stream, self.kept = stream, ""
-
-    def write(self, text: str) -> int:
-        self.kept = (self.kept + text)[-2000:]
-        return self.stream.write(text)
-
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
-
-    def said(self) -> list[str]:
-        return [line for line in self.kept.splitlines() if line.strip()][-6:]
-
-
 def run_script(prefix: str, script: str, argv: list[str], hang_record: str, reads: int, hang_after: float) -> dict:
     """Run ``script`` as ``__main__`` with ``argv``, watched (``hang_after``) and recorded under ``prefix``; its end
     record (:func:`~workshop_lib.launching.ends.record`)."""
@@ -97,7 +80,6 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     rec.add("start", line=False, pid=os.getpid(), argv=argv)
     saved_argv, sys.argv = sys.argv, [script, *argv]
     sys.path.insert(0, os.path.dirname(script))  # as `python script.py` puts it: its sibling modules import
-    tail = sys.stderr = _Tail(sys.stderr)
     hangwatch.attach(threshold=hang_after, record=hang_record, poll=0.25)
     error: BaseException | None = None
     try:
@@ -106,13 +88,15 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
     except BaseException as err:  # every way out is an outcome to report
         error = err
     finally:
-        sys.argv, sys.stderr = saved_argv, tail.stream
+        sys.argv = saved_argv
         with contextlib.suppress(ValueError):
             sys.path.remove(os.path.dirname(script))
         hangwatch.detach()  # says this rank left; the next script gets a watch of its own
     still_joined = dist.is_available() and dist.is_initialized()
     end = ends.record(int(os.environ.get("RANK", 0)), error, within=script)
-    end = rec.add("end", line=end.pop("line", None), left_group=not still_joined, said=tail.said(), **end)
+    sys.stdout.flush()
+    sys.stderr.flush()  # what the script printed last, from this rank's log (run's logs): its own last words
+    end = rec.add("end", line=end.pop("line", None), said=ends.last_lines(Path(f"{prefix}.log")), **end)
     rec.close()
     if still_joined:  # a script that never left
         with contextlib.suppress(Exception):
@@ -135,12 +119,6 @@ def run_item(item: dict) -> None:
 # ----------------------------------------------------------------------------- the pair, from outside
 
 
-def read_events(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
 def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
     """The parameters after each optimizer step of ``events``, as the recorder wrote them to PREFIX.params."""
     path = Path(f"{prefix}.params")
@@ -153,27 +131,36 @@ def params(prefix: Path, events: list[dict]) -> list[np.ndarray]:
     return vectors
 
 
-def load(item: Item, stopped: str | None = None, seconds: float = 0.0, output: str = "") -> Run:
-    ranks = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in range(item.world)}
-    weights = {r: params(Path(f"{item.prefix}.rank{r}"), ranks[r]) for r in range(item.world)}
-    return Run(ranks, weights, hangreport.load(item.hang), stopped, seconds, output)
+class Records:
+    """What each of ``world`` ranks has recorded under PREFIX.rankR, read at each :meth:`update`, only what it appended
+    (whole lines): its events; when it last wrote anything (its record or its parameters), and when the first rank
+    ended (an ``end`` event)."""
 
-
-class _Progress:
-    """When each rank last wrote anything, and when the first one ended."""
-
-    def __init__(self, item: Item):
-        self.item, self.sizes, self.changed, self.first_end = item, {}, {}, None
+    def __init__(self, prefix: Path, world: int):
+        self.prefix, self.first_end = prefix, None
+        self.events: dict[int, list[dict]] = {r: [] for r in range(world)}
+        self.read, self.sizes, self.changed, self.ended = dict.fromkeys(self.events, 0), {}, {}, set()
 
     def update(self) -> None:
         now = time.monotonic()
-        for rank in range(self.item.world):
-            prefix = f"{self.item.prefix}.rank{rank}"
-            size = sum(p.stat().st_size for p in (Path(f"{prefix}.jsonl"), Path(f"{prefix}.params")) if p.is_file())
+        for rank, events in self.events.items():
+            prefix = f"{self.prefix}.rank{rank}"
+            try:
+                with open(f"{prefix}.jsonl", "rb") as f:
+                    f.seek(self.read[rank])
+                    new = f.read()
+            except FileNotFoundError:
+                new = b""
+            new = new[:new.rfind(b"\n") + 1]  # a line still being written is read whole next time
+            self.read[rank] += len(new)
+            events += (added := [json.loads(line) for line in new.splitlines()])
+            if any(e["kind"] == "end" for e in added):
+                self.ended.add(rank)
+                self.first_end = self.first_end or now
+            params = Path(f"{prefix}.params")
+            size = (self.read[rank], params.stat().st_size if params.is_file() else 0)
             if self.sizes.get(rank) != size:
                 self.sizes[rank], self.changed[rank] = size, now
-            if self.first_end is None and _ended(self.item, rank):
-                self.first_end = now
 
     def quiet(self, rank: int) -> float:
         """Seconds since ``rank`` last wrote (or since the first rank ended, if that is later)."""
@@ -181,25 +168,18 @@ class _Progress:
         return now - max(self.changed.get(rank, now), self.first_end or 0.0)
 
 
-def _ended(item: Item, rank: int) -> bool:
-    path = Path(f"{item.prefix}.rank{rank}.jsonl")
-    return path.is_file() and '"kind": "end"' in path.read_text()
-
-
-def _why_stop(item: Item, progress: _Progress, started: float) -> str | None:
+def _why_stop(item: Item, progress: Records, started: float) -> str | None:
     """Why to stop the run now: the watch saw a rank wait for one that is still in the job, or for one that has
     ended; two ranks joined as one; a rank has ended and another is quiet; nobody is making progress; too long."""
     if hangreport.missing_rank(item.hang):
         return "hang"
-    world = range(item.world)
-    ended = [r for r in world if _ended(item, r)]
-    blocks = hangreport.load(item.hang)
-    if ended and any(b["missing"] and set(b["missing"]) <= set(ended) for b in blocks):
+    ended = progress.ended
+    if ended and any(b["missing"] and set(b["missing"]) <= ended for b in hangreport.load(item.hang)):
         return "left"
-    events = {r: read_events(Path(f"{item.prefix}.rank{r}.jsonl")) for r in world}
-    given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in events.values()]
+    given = [next((e.get("given_rank") for e in ev if e["kind"] == "init"), "none") for ev in progress.events.values()]
     if "none" not in given and given[0] is not None and len(set(given)) < len(given):
         return "joined as one rank"
+    world = range(item.world)
     if ended and any(r not in ended and progress.quiet(r) > LEFT_WAITING for r in world):
         return "left waiting"
     if all(progress.quiet(r) > STALL for r in world):
@@ -231,35 +211,38 @@ def run(item: Item) -> Run:
     world = range(item.world)
     store = dist.TCPStore("127.0.0.1", 0, item.world, is_master=True, wait_for_workers=False)
     logs = [Path(f"{item.prefix}.rank{r}.log") for r in world]
-    envs = {r: rank_env(r, store.port, item.world) for r in world}
+    envs = {r: {**rank_env(r, store.port, item.world), RECORD_VARIABLE: str(item.hang)} for r in world}
     unset = [k for k in os.environ if k.startswith(("TORCHELASTIC_", "WORKSHOP_HANG")) and k not in envs[0]]
-    for r in world:
-        envs[r][RECORD_VARIABLE] = str(item.hang)
     spec = {"script": str(Path(item.script).resolve()), "argv": item.argv, "prefix": str(item.prefix),
             "hang": str(item.hang), "unset": unset, "cwd": str(item.cwd or lab_root()), "reads": item.reads,
             "hang_after": item.hang_after}
     ranks = Ranks(run_item, {r: (spec,) for r in world}, envs, start_method(), {r: str(logs[r]) for r in world})
-    progress, started = _Progress(item), time.monotonic()
+    progress, started = Records(item.prefix, item.world), time.monotonic()
     try:
         ranks.start()
         done = ranks.wait(lambda: progress.update() or _why_stop(item, progress, started), every=0.05)
     finally:
         ranks.stop()
         del store
-    stopped = done if isinstance(done, str) and not all(_ended(item, r) for r in world) else None  # (else it ended
-    for rank in world:  # after all, while being stopped)
-        _end_of_the_unended(item, rank, logs[rank], stopped, done.failed if not isinstance(done, str) else {})
+    progress.update()  # what the ranks wrote before they were stopped
+    stopped = done if isinstance(done, str) and progress.ended != set(world) else None  # (else it ended after all,
+    for rank in sorted(set(world) - progress.ended):  # while being stopped)
+        _end_of_the_unended(item, rank, progress.events[rank], logs[rank], stopped,
+                            done.failed if not isinstance(done, str) else {})
+    progress.update()  # the end records just written
     output = "".join(log.read_text(errors="replace") for log in logs if log.is_file())
-    return load(item, stopped, time.monotonic() - started, output)
+    weights = {r: params(Path(f"{item.prefix}.rank{r}"), progress.events[r]) for r in world}
+    return Run(progress.events, weights, hangreport.load(item.hang), stopped, time.monotonic() - started, output)
 
 
-def _end_of_the_unended(item: Item, rank: int, log: Path, stopped: str | None, died: dict[int, int | None]) -> None:
-    """The end record (:mod:`~workshop_lib.launching.ends`) of a rank that started the script and left none: its
-    process died (:func:`~workshop_lib.launching.ends.killed`: its exit code, signal and last lines); else the runner
-    stopped it (``stopped``; or at another rank's death): where the watch saw it wait (``waiting``), else ``timed
-    out``. A rank that left no record at all never started the script (:func:`workshop_lib.engine.script.judge`)."""
-    prefix = Path(f"{item.prefix}.rank{rank}")
-    if _ended(item, rank) or not read_events(Path(f"{prefix}.jsonl")):
+def _end_of_the_unended(item: Item, rank: int, events: list[dict], log: Path, stopped: str | None,
+                        died: dict[int, int | None]) -> None:
+    """The end record (:mod:`~workshop_lib.launching.ends`) of a rank that started the script (its ``events``) and
+    left none: its process died (:func:`~workshop_lib.launching.ends.killed`: its exit code, signal and last lines);
+    else the runner stopped it (``stopped``; or at another rank's death): where the watch saw it wait (``waiting``),
+    else ``timed out``. A rank that left no record at all never started the script
+    (:func:`workshop_lib.engine.script.judge`)."""
+    if not events:
         return
     if rank in died:
         end = ends.killed(rank, died[rank], log)
@@ -267,6 +250,6 @@ def _end_of_the_unended(item: Item, rank: int, log: Path, stopped: str | None, d
         end = next((e for e in ends.waiting(hangreport.load(item.hang)) if e["rank"] == rank),
                    ends.timed_out(rank))
         end["stopped"] = stopped or "another rank died"
-    rec = Recorder(prefix)
+    rec = Recorder(Path(f"{item.prefix}.rank{rank}"))
     rec.add("end", line=end.pop("line", None), **end)
     rec.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from workshop_lib.engine.branches import mentions, parse, rank_names, scope
+from workshop_lib.engine.branches import called, mentions, parse, rank_names, scope
 
 
 def function_at(text: str, line: int | None) -> str | None:
@@ -24,8 +24,7 @@ def destroy_outside_finally(source: str) -> int | None:
             for stmt in node.finalbody:
                 protected |= {id(n) for n in ast.walk(stmt)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
-                "destroy_process_group" and id(node) not in protected:
+        if called(node) == "destroy_process_group" and id(node) not in protected:
             return node.lineno
     return None
 

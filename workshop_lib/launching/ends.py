@@ -39,16 +39,21 @@ def record(rank: int, err: BaseException | None, within: str | None = None) -> d
 
 def killed(rank: int, code: int | None, log: Path) -> dict:
     """A rank that ended without a record (killed, aborted in C++, ``os._exit``): its exit code, the signal that
-    ended it (a negative code), and the last lines of its ``log``, before faulthandler's dump of its stacks, at the
-    time the log was last written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
-    output = log.read_text(errors="replace") if log.is_file() else ""
+    ended it (a negative code), and the last lines of its ``log`` (:func:`last_lines`), at the time the log was last
+    written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
     when = log.stat().st_mtime if log.is_file() else time.time()
-    lines = [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
     try:
         died = signal.Signals(-code).name if code is not None and code < 0 else None
     except ValueError:
         died = f"signal {-code}"
-    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when, "detail": " | ".join(lines)}
+    return {"rank": rank, "how": "killed", "code": code, "signal": died, "time": when,
+            "detail": " | ".join(last_lines(log))}
+
+
+def last_lines(log: Path) -> list[str]:
+    """The last 3 lines a rank wrote to its ``log``, before faulthandler's dump of its stacks, if any."""
+    output = log.read_text(errors="replace") if log.is_file() else ""
+    return [line.strip() for line in _FAULTHANDLER.split(output, 1)[0].splitlines() if line.strip()][-3:]
 
 
 def timed_out(rank: int) -> dict:
@@ -71,18 +76,21 @@ def waiting(blocks: list[dict]) -> list[dict]:
     return found
 
 
-def summary(end: dict) -> str:
+def summary(end: dict, by_line: bool = False) -> str:
     """The one line of an end record: 'rank 1 raised ValueError: why (File "f", line 3, in g)', 'rank 0 exited with
-    code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'."""
+    code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'. ``by_line``: the
+    reader has the file before them (a checked script's, a cell's), so its line alone, first: 'rank 1 raised
+    ValueError (line 3): why'."""
     rank, how, code = end["rank"], end["how"], end.get("code")
-    where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") else ""
+    at = f" (line {end['line']})" if by_line and end.get("line") else ""
+    where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") and not at else ""
     if how == "raised":
-        return f"rank {rank} raised {end['type']}" + (f": {end['message']}" if end.get("message") else "") + where
+        return f"rank {rank} raised {end['type']}{at}" + (f": {end['message']}" if end.get("message") else "") + where
     if how == "exit":
-        return f"rank {rank} exited with code {code}: {end['message']}{where}"
+        return f"rank {rank} exited with code {code}{at}: {end['message']}{where}"
     if how in ("waiting", "timed out"):
         return f"rank {rank} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
-                                  how == "waiting" else "did not finish in time") + where
+                                  how == "waiting" else "did not finish in time") + at + where
     died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
             f"exited with code {code}" if code is not None else "ended")
     said = f"; its last lines: {end['detail']}" if end.get("detail") else "; it printed nothing"

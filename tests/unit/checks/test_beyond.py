@@ -124,10 +124,26 @@ def test_fsdp_mistakes_named(shard, evaluate, line):
     assert time.monotonic() - start < 30  # rank 0 alone in a collective ends in bounded time
 
 
+class Unreadable(torch.optim.AdamW):
+    def state_dict(self):
+        raise RuntimeError("the optimizer's state was read")
+
+
+def resume_into_a_wrapper(path):
+    """Its keys differ: named before the weights are read by key or the optimizer's state is read (it cannot be)."""
+    from workshop_lib.model import SmilesLSTM
+
+    wrapper = torch.nn.ModuleDict({"inner": SmilesLSTM(12, 8, 8, 1, 0.0)})
+    return wrapper, Unreadable(wrapper.parameters())
+
+
 @pytest.mark.parametrize(("fn", "line"), [
     (make_resume(optimizer_too=False), "the optimizer's state does not"),
     (make_resume(uses_rank=True), "there is none here"),
+    (resume_into_a_wrapper, r"^the model's keys \(inner\.\S+, \.\.\.\) are not the saved ones \((?!inner)\S+, "
+                            r"\.\.\.\): resume into the plain model, no wrapper$"),
 ])
 def test_resume_mistakes_named(fn, line):
     with pytest.raises(CheckFailed, match=line):
         beyond.resume(fn)
+

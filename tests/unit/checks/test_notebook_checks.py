@@ -347,6 +347,7 @@ def test_one_verdict_protocol_a_tick_a_raised_cross_or_a_printed_one_for_a_predi
         common.verdict("pass rank=", "unused")
     assert common.first((False, "a"), (0, "b"), ([1], "c"), (True, "d")) == "c"
     assert common.first((False, "a")) is None
+    assert common.first((False, lambda: [][0]), (True, lambda: "built")) == "built"  # a line built only when said
 
 
 # ------------------------------------------------------------- 01: check_all_reduce (2 forked ranks)

@@ -80,7 +80,7 @@ def rank_events(rank: int) -> list[dict]:
     if rank == 0:
         events.append(ev("save", SAVE, path="/tmp/out/model.pt", keys=["embed.weight", "forward_lstm.weight_ih_l0"],
                          rank=0, epoch=None))
-    return [*events, ev("destroy", DESTROY), ev("end", None, left_group=True, how="returned")]
+    return [*events, ev("destroy", DESTROY), ev("end", None, how="returned")]
 
 
 def good_run() -> Run:
@@ -116,7 +116,7 @@ def ended(run: Run, rank: int, **end) -> Run:
     run = copy.deepcopy(run)
     run.ranks[rank] = [e for e in run.ranks[rank] if e["kind"] not in ("end", "destroy")]
     if end:
-        run.ranks[rank].append(ev("end", None, left_group=False, **end))
+        run.ranks[rank].append(ev("end", None, rank=rank, **end))  # as launching.ends records it
     return run
 
 
@@ -174,7 +174,7 @@ def test_step_1_wants_every_epoch_trained():
     (ended(good_run(), 1, how="raised", type="NotImplementedError", message="fill in the TODO above", line=60),
      "a TODO is still open (line 60): fill it in (its line raises NotImplementedError)"),
     (ended(good_run(), 0, how="exit", code=2, message="unrecognized arguments: --fast", line=None),
-     "rank 0 stopped with exit code 2: unrecognized arguments: --fast"),
+     "rank 0 exited with code 2: unrecognized arguments: --fast"),
     (ended(changed({"kind": "init"}, drop=True), 0, how="raised", type="ValueError", line=line("dist.get_rank(),"),
            message="Default process group has not been initialized, please make sure to call init_process_group."),
      f"rank 0 used the process group before joining it (torch: Default process group has not been initialized) "
@@ -223,6 +223,8 @@ def test_one_judge_of_an_all_reduce_of_rank_plus_one_reads_any_record_of_it():
 
 
 SET_DEVICE = "        torch.cuda.set_device(device)\n"
+ONE_GPU = SOURCE.replace(SET_DEVICE, SET_DEVICE + '        if torch.cuda.device_count() > 1:\n'
+                                                  '            raise ValueError("one GPU a node")\n')
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -234,7 +236,9 @@ SET_DEVICE = "        torch.cuda.set_device(device)\n"
     (SOURCE.replace('dist.init_process_group("nccl",', 'dist.init_process_group("gloo",'),
      "setup as a made-up rank 3 of 4 (nothing joined): on a node with 2 GPUs setup joined with backend 'gloo', which "
      "has no nccl for cuda tensors"),
-], ids=["set_device_global_rank", "no_set_device", "gloo_on_gpus"])
+    (ONE_GPU, "setup as a made-up rank 3 of 4 (nothing joined): on a made-up node with 2 GPUs, rank 3 raised "
+              f"ValueError (line {line('torch.cuda.set_device(device)') + 2}): one GPU a node"),
+], ids=["set_device_global_rank", "no_set_device", "gloo_on_gpus", "raised"])
 def test_the_made_up_gpu_node_is_a_row_judged_from_its_record(text, expected):
     """A step's setup runs as rank 3 of 4 on a made-up node with 2 GPUs, judged by its row of the table from the
     Recorder that kept what it called; a run the CPU rules pass is then named by it."""

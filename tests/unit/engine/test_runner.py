@@ -110,3 +110,18 @@ def test_ranks_the_runner_stopped_in_a_hang_end_in_waiting_records_with_the_call
     found = {r: (e[-1]["how"], e[-1]["call"], e[-1]["line"], e[-1]["stopped"]) for r, e in run.ranks.items()}
     assert found == {0: ("waiting", "barrier #1", 4, "hang"), 1: ("waiting", None, 6, "hang")}, run.ranks
     assert {recorder.how(e) for e in run.ranks.values()} == {"waiting"}
+
+
+def test_the_stop_policy_reads_what_each_rank_appended_once_and_its_end_from_the_record(tmp_path):
+    """A poll parses only the lines appended since the last one (a line still being written waits for its newline),
+    and a rank has ended when an ``end`` event was recorded, not where a field's text reads like one."""
+    path, progress = tmp_path / "item.rank0.jsonl", runner.Records(tmp_path / "item", 1)
+    progress.update()  # no record yet
+    step = json.dumps({"kind": "step", "numel": 0, "said": {"kind": "end"}}) + "\n"
+    path.write_text(step + step[:10])
+    progress.update()
+    assert [e["kind"] for e in progress.events[0]] == ["step"] and not progress.ended
+    path.write_text("#" * len(step) + step + json.dumps({"kind": "end", "how": "returned"}) + "\n")  # the old line
+    progress.update()  # overwritten: a poll that read the file again would fail on it
+    assert [e["kind"] for e in progress.events[0]] == ["step", "step", "end"] and progress.ended == {0}
+    assert progress.read[0] == path.stat().st_size

@@ -69,3 +69,13 @@ def test_a_scripts_exit_is_recorded_with_its_code_and_its_own_line_and_a_clean_e
     with pytest.raises(SystemExit) as err:
         _exit(0)
     assert ends.record(0, err.value)["how"] == ends.record(0, None)["how"] == "returned"
+
+
+def test_one_summary_says_a_frame_by_its_file_or_by_its_line_alone_where_the_reader_has_the_file():
+    with pytest.raises(KeyError) as err:
+        {}["smiles"]
+    end = ends.record(1, err.value, within=__file__)
+    line = err.value.__traceback__.tb_lineno
+    assert ends.summary(end) == f"rank 1 raised KeyError: 'smiles' (File \"{__file__}\", line {line}, in {end['function']})"
+    assert ends.summary(end, by_line=True) == f"rank 1 raised KeyError (line {line}): 'smiles'"
+    assert ends.summary({**end, "message": ""}, by_line=True) == f"rank 1 raised KeyError (line {line})"

@@ -19,20 +19,7 @@ from workshop_lib.data import Splits
 from workshop_lib.errors import InputError
 from workshop_lib.metrics import BestModel, write_metrics
 from workshop_lib.model import count_parameters
-from workshop_lib.paths import PACKAGE, lab_root
-
-
-def shown(text: str | Path) -> str:
-    """``text`` without the package's folder and the clone's (else the current folder's) absolute path.
-
-    Printed lines read the same on every machine: the shipped dataset reads
-    ``dataset/b3db_classification.csv`` in the clone (``workshop_lib/dataset/...`` installed), a run's folder
-    ``runs/...``.
-    """
-    text = str(text)
-    for folder in (PACKAGE.parent, lab_root()):
-        text = text.replace(f"{folder}{os.sep}", "")
-    return text
+from workshop_lib.paths import shown
 
 
 def prepare_out_dir(out: Path) -> Path:

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.launching.processes import kill_tree
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
@@ -199,8 +198,3 @@ class Ranks:
         for p in self._processes:
             if p.exitcode is None:
                 kill_tree(p.pid, grace=0, first=_KILL)
-
-
-def lab_env(rank: int, world_size: int) -> dict[str, str]:
-    """The variables torchrun gives a worker that the lab's ranks need (one node)."""
-    return launch_variables(rank, world_size, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

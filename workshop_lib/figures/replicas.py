@@ -161,12 +161,11 @@ def figure(held: dict[int, Held]):
     against rank 0 (on the diagonal: equal); then the replica spread after each optimizer step, every kind a line."""
     import matplotlib.pyplot as plt
 
+    from workshop_lib.figures.plots import _new_figure
+
     kinds = list(held.values())
     with plt.rc_context({"font.size": 16, "axes.titlesize": 17}):
-        fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.6 * (len(kinds) + 1), 5.0), layout="constrained",
-                                 squeeze=False)
-        plt.close(fig)  # shown once, as the cell's value
-        axes = list(axes[0])
+        fig, axes = _new_figure(4.6 * (len(kinds) + 1), 5.0, ncols=len(kinds) + 1, layout="constrained")
         changes = {h.kind: [(w[-1] - h.start).numpy() for w in h.weights[:2]] for h in kinds}  # ranks 0 and 1: (P,)
         edge = max(float(abs(c).max()) for pair in changes.values() for c in pair) * 1.05 or 1.0
         colours = {1: "tab:gray", 2: "tab:red", 3: "tab:blue"}

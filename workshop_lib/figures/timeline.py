@@ -289,9 +289,10 @@ def draw(timelines: Sequence[Timeline]):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 1.2 + 1.6 * len(timelines)), sharex=True, squeeze=False)
-    plt.close(fig)  # shown once, as the cell's value
-    for ax, t in zip(axes[:, 0], timelines, strict=True):
+    from workshop_lib.figures.plots import _new_figure
+
+    fig, axes = _new_figure(10, 1.2 + 1.6 * len(timelines), nrows=len(timelines), sharex=True)
+    for ax, t in zip(axes, timelines, strict=True):
         ticks, names = [], []
         for rank, m in enumerate(t.median):
             main_y, gloo_y = 3 * rank + 0.4, 3 * rank + 1.4  # rank 0 on top: the axis is inverted below
@@ -311,7 +312,7 @@ def draw(timelines: Sequence[Timeline]):
         slower = max(t.median, key=lambda m: m.end)
         ax.set_title(f"{t.label}; median step {slower.end:.1f} ms (slower rank)", fontsize=10, loc="left")
     steps = len(timelines[0].steps[0])
-    axes[-1, 0].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
+    axes[-1].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
     handles = [*(Patch(color=_COLORS[k], label=k) for k in (FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER)),
                Patch(facecolor="none", edgecolor="gray", hatch="///", label="backward() waits for gloo"),
                plt.Line2D([], [], color="k", marker="v", linestyle="none", label="DDP launches a bucket"),

@@ -57,15 +57,5 @@ class SmilesTokenizer:
     def encode(self, smiles: str, row: int | None = None) -> list[int]:
         return [self.stoi.get(t, self.UNK) for t in self.split(smiles, row)]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.itos[i] for i in ids if i != self.PAD)
-
     def __len__(self) -> int:
         return len(self.itos)
-
-    def state_dict(self) -> dict:
-        return {"itos": list(self.itos)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> SmilesTokenizer:
-        return cls(state["itos"][2:])

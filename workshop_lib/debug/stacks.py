@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.debug.frames import is_library, short
+from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import WorkshopError
 
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -57,11 +58,11 @@ def find_workers(pid: int | None = None) -> tuple[int, dict[int, int]]:
         found = {}
         for child in agent.children(recursive=True):
             try:
-                env = child.environ()
-            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                launch = read_launch_env(child.environ())
+            except (psutil.Error, WorkshopError):  # gone, not ours to read, or no worker of torchrun's
                 continue
-            if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
-                found[int(env["RANK"])] = child.pid
+            if launch.under_torchrun:
+                found[launch.rank] = child.pid
         return found
 
     if pid is not None:

@@ -112,8 +112,8 @@ def _on_rank(env, kinds: Sequence[int], make_loader: Callable | None, limit: int
                 grad = grad_vector(model)
             optimizer.step()
             weights.append(parameters_to_vector(model.parameters()).detach().clone())
-        out[kind] = {"n_train": len(splits.train), "shard": shard, "own": own, "grad": grad, "weights": weights,
-                     "start": start, "shown": (at, at + sizes[names.index(SHOWN)])}
+        out[kind] = {"n_train": len(splits.train), "shards": shard, "own_grads": own, "grads": grad,
+                     "weights": weights, "start": start, "shown": slice(at, at + sizes[names.index(SHOWN)])}
     return out
 
 
@@ -129,9 +129,8 @@ def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), l
     if make_loader is None and any(k > 1 for k in kinds):
         raise WorkshopError("steps 2 and 3 need your make_loader: replicas.record(make_loader, kinds=...)")
     ranks = notebook_launch(_on_rank, 2, list(kinds), make_loader, limit, timeout=90)
-    return {kind: Held(kind, ranks[0][kind]["n_train"], [r[kind]["shard"] for r in ranks],
-                       [r[kind]["own"] for r in ranks], [r[kind]["grad"] for r in ranks],
-                       [r[kind]["weights"] for r in ranks], ranks[0][kind]["start"], slice(*ranks[0][kind]["shown"]))
+    per_rank = ("shards", "own_grads", "grads", "weights")  # the rest is the same on every rank: rank 0's
+    return {kind: Held(kind, **{k: [r[kind][k] for r in ranks] if k in per_rank else v for k, v in ranks[0][kind].items()})
             for kind in kinds}
 
 

@@ -16,7 +16,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
 PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
@@ -93,13 +93,13 @@ class Bucket:
         return sum(self.sizes)
 
 
+@dataclass
 class _BucketLog:
     """What :func:`note_buckets`' hook saw of each bucket: this backward's so far, by index, and the last whole one."""
 
-    def __init__(self, names: dict[int, str]):
-        self.names = names  # id(parameter) -> its name in the module
-        self.current: dict[int, Bucket] = {}
-        self.last: list[Bucket] | None = None
+    names: dict[int, str]  # id(parameter) -> its name in the module
+    current: dict[int, Bucket] = field(default_factory=dict)
+    last: list[Bucket] | None = None
 
 
 _logs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP model -> its _BucketLog

@@ -131,8 +131,8 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
 
 
 def check(question: str, predicted, expected: float) -> None:
-    """Compare a prediction with the model's value; print a tick and why, or raise CheckFailed with the why."""
-    from workshop_lib.engine.common import CheckFailed, as_share, is_number
+    """Compare a prediction with the model's value: a tick and why, or CheckFailed with the why."""
+    from workshop_lib.engine.common import CheckFailed, as_share, is_number, verdict
 
     what, tolerance, why = PREDICTIONS[question]
     if not is_number(predicted):
@@ -144,6 +144,5 @@ def check(question: str, predicted, expected: float) -> None:
              else abs(predicted - expected) <= max(1.0, tolerance * expected))
     shown = (lambda x: f"{x:.0%}") if share else (lambda x: f"{x:.0f} ms")
     said = f"{100 * predicted:.3g}%" if share else shown(predicted)
-    if not close:
-        raise CheckFailed(f"you predicted {said}, the model gives {shown(expected)}: {why}")
-    print(f"\N{CHECK MARK} {shown(expected)} (you said {said}): {why}")
+    verdict(None if close else f"you predicted {said}, the model gives {shown(expected)}: {why}",
+            f"{shown(expected)} (you said {said}): {why}")

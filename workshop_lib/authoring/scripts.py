@@ -113,7 +113,7 @@ def _lenders(course: Path, home: Path, name: str) -> tuple[list[tuple[str, objec
     lent, solved = [], []
     for key, solution in solution_notebooks(course / "notebooks").items():
         mine_path = home.parent / Path(key).name
-        if mine_path == home or Path(key).name == home.name:
+        if mine_path.name == home.name:
             continue
         if home.parent == course / "notebooks" or not mine_path.is_file():
             lent.append((key, solution))
@@ -177,9 +177,7 @@ def where_in_cells(path: str | Path, line: int) -> str | None:
 
 def in_cells(path: str | Path, message: str) -> str:
     """``message`` about the script at ``path``, each "line N" of it pointed at its cell (:func:`where_in_cells`)."""
-    def cell(m: re.Match) -> str:
-        return where_in_cells(path, int(m[1])) or m[0]
-    return re.sub(r"\bline (\d+)\b", cell, message)
+    return re.sub(r"\bline (\d+)\b", lambda m: where_in_cells(path, int(m[1])) or m[0], message)
 
 
 def _lines(text: str, cells: list[tuple[str, str, str, str]]) -> list[tuple[int, list[int], str, str]]:

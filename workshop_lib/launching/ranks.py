@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workshop_lib.launching.processes import kill_tree
+from workshop_lib.paths import write_atomic
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
 _KILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL: psutil's SIGTERM terminates there
@@ -119,9 +120,7 @@ def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, di
         sys.stdout = sys.stderr = log
         if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the parent gave it
             faulthandler.enable(file=log)
-    result = entry(*args[index])
-    Path(folder, f"result{index}.tmp").write_bytes(pickle.dumps(result))
-    os.replace(Path(folder, f"result{index}.tmp"), Path(folder, f"result{index}"))
+    write_atomic(Path(folder, f"result{index}"), pickle.dumps(entry(*args[index])))  # poll sees it whole or not
 
 
 @dataclass

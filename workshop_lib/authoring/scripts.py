@@ -64,20 +64,20 @@ def cell_label(text: str) -> str:
     return {0: "the imports cell", 3: "the __main__ cell"}.get(_kind(text), f"cell `{first[:40]}`")
 
 
-def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
-                others: Sequence[tuple[str, object]] = (), noqa: str = "") -> str:
-    """The script ``name`` from the cells tagged ``script:<name>`` of ``nb`` (``sources``: text by cell id).
+def script_text(nb, name: str, source_name: str, exercise: bool, others: Sequence[tuple[str, object]] = (),
+                noqa: str = "") -> str:
+    """The script ``name`` from the cells tagged ``script:<name>`` of ``nb``.
 
     ``others``: (name, notebook) pairs that lend it cells, as solutions. ``noqa``: a last header line (exercises).
     """
-    return _script(nb, name, source_name, exercise, sources, others, noqa)[0]
+    return _script(nb, name, source_name, exercise, others=others, noqa=noqa)[0]
 
 
 def _script(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
             others: Sequence[tuple[str, object]] = (), noqa: str = "",
             header: list[str] | None = None) -> tuple[str, list[tuple[str, str, str, str]]]:
-    """:func:`script_text` (under ``header``, if given, in place of "generated: do not edit"), and its cells in order:
-    (their text in the script, the notebook's name, the label, the cell's source)."""
+    """:func:`script_text` (``sources``: the cells' text by id; ``header``, if given, in place of "generated: do not
+    edit"), and its cells in order: (their text in the script, the notebook's name, the label, the cell's source)."""
     placed = []
     notebooks = sorted([(nb, source_name, True)] + [(o, n, False) for n, o in others], key=lambda t: Path(t[1]).name)
     for order, (where_nb, nb_name, home) in enumerate(notebooks):

@@ -159,7 +159,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     shutil.rmtree(log_dir, ignore_errors=True)
     result = RunResult()
     written = out_dir / "metrics.json" if out_dir is not None else None
-    if written is not None and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
+    if written and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
         from workshop_lib.metrics import read_metrics
 
         result.update(read_metrics(written))
@@ -178,8 +178,7 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
             (lab_root() / "runs").mkdir(exist_ok=True)
             out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=lab_root() / "runs")
         args += ["--out", shown(_resolve(out))]
-    out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
-    return script, args, out_dir
+    return script, args, _resolve(given) if (given := _flag_value(args, "--out")) else None
 
 
 def torchrun_argv(script: str | os.PathLike, nproc: int | None = 2, *, standalone: bool = True,
@@ -253,8 +252,7 @@ def _follow(proc: subprocess.Popen, show: str | None, bar, deadline: float, time
 
 def _interrupted(out_dir: Path | None) -> str:
     """What an interrupted launch leaves, and how to go on."""
-    snapshot = out_dir / "snapshot.pt" if out_dir is not None else None
-    if snapshot is not None and snapshot.is_file():
+    if out_dir is not None and (snapshot := out_dir / "snapshot.pt").is_file():
         return (f"interrupted: every rank stopped; the last whole snapshot is {shown(snapshot)}: "
                 f"run the same command again to resume from it")
     return "interrupted: every rank stopped"

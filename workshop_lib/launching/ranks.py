@@ -135,8 +135,7 @@ class Ranks:
     """``entry(*args[r])`` in ``len(args)`` processes, ``envs[r]`` added to each one's environment, its output into
     the file ``logs[r]`` (if given).
 
-    Call :meth:`start` inside the ``try`` whose ``finally`` calls :meth:`stop`. In between, SIGINT (the stop
-    button, Ctrl-C) kills every rank and raises KeyboardInterrupt; :meth:`stop` gives SIGINT back to the caller.
+    Call :meth:`start` inside the ``try`` whose ``finally`` calls :meth:`stop`: the stop button's span (module docstring).
     """
 
     def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str,

@@ -81,8 +81,7 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         """JSON-friendly view (paths as strings), for metrics.json and TensorBoard hparams."""
-        d = dataclasses.asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
 
 
 def training_fields() -> tuple[str, ...]:

@@ -125,9 +125,8 @@ class Reporter:
         }
         path = write_metrics(Path(self.cfg.out) / "metrics.json", metrics)
         if self.cfg.tensorboard:
-            hparams = {k: v for k, v in self.cfg.as_dict().items()
-                       if k in ("epochs", "batch_size", "lr", "embed_dim", "hidden", "layers", "dropout", "seed")}
-            hparams["world_size"] = self.world_size
+            hparams = {k: getattr(self.cfg, k) for k in ("epochs", "batch_size", "lr", "embed_dim", "hidden", "layers",
+                                                           "dropout", "seed")} | {"world_size": self.world_size}
             self._tensorboard().add_hparams(hparams, {"hparam/heldout_roc_auc": heldout_roc_auc,
                                                       "hparam/dev_roc_auc": best.roc_auc}, run_name=".")
             self._writer.close()

@@ -197,9 +197,8 @@ def _median(steps: Sequence[Step]) -> Step:
     for kind in PARTS:
         counts = {len(s.of(kind)) for s in steps}
         assert len(counts) == 1, f"the steps hold {sorted(counts)} {kind} records: not the same step each time"
-        n = counts.pop()
         parts[kind] = tuple((statistics.median(s.of(kind)[i][0] for s in steps),
-                             statistics.median(s.of(kind)[i][1] for s in steps)) for i in range(n))
+                             statistics.median(s.of(kind)[i][1] for s in steps)) for i in range(counts.pop()))
     return Step(parts)
 
 

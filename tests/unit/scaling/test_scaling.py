@@ -190,8 +190,8 @@ def test_moving_a_slider_calls_the_callback():
     ex.widgets()
     first = list(ex.line.get_ydata())
     ex.sliders["bandwidth_gbs"].value = 1.0
-    assert ex.settings["bandwidth_gbs"] == 1.0
-    assert list(ex.line.get_ydata()) == ex.curve(ex.settings["params_m"], ex.settings["batch"], 1.0, 0.0)
+    assert ", 1 GB/s," in ex.ax.get_title()
+    assert list(ex.line.get_ydata()) == ex.curve(ex.work.params / 1e6, ex.work.batch, 1.0, 0.0)
     assert ex.line.get_ydata()[-1] < first[-1]
 
 

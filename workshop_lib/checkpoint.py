@@ -58,21 +58,12 @@ def data_hash(path: Path) -> str:
 
 def fingerprint(cfg: TrainConfig) -> dict:
     """What decides the training: every non-run-only setting, with the data file's content instead of its path."""
-    fp = {k: getattr(cfg, k) for k in training_fields() if k != "data"}
-    fp.update(data_sha256=data_hash(cfg.data))
-    return fp
+    return {**{k: getattr(cfg, k) for k in training_fields() if k != "data"}, "data_sha256": data_hash(cfg.data)}
 
 
 def _differences(then: dict, now: dict) -> list[str]:
-    diff = []
-    for k in now:
-        if then.get(k) == now[k]:
-            continue
-        if k == "data_sha256":
-            diff.append("the data file's content")
-        else:
-            diff.append(f"{k.replace('_', '-')} {then.get(k)} there, {now[k]} now")
-    return diff
+    return ["the data file's content" if k == "data_sha256" else f"{k.replace('_', '-')} {then.get(k)} there, {v} now"
+            for k, v in now.items() if then.get(k) != v]
 
 
 def to_resume(cfg: TrainConfig, rank: int) -> Path | None:

@@ -20,34 +20,30 @@ from workshop_lib.errors import InputError
 from workshop_lib.paths import DEFAULT_DATA
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _checked(kind: type, holds, said: str):
+    """A flag's type: ``kind`` of the text, an argparse error unless ``holds(value)``."""
+    def parse(text: str):
+        value = kind(text)
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {said}, got {value}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, ">= 1")
+_positive_float = _checked(float, lambda v: v > 0, "> 0")
+_fraction = _checked(float, lambda v: 0 < v < 1, "between 0 and 1")
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
-    return value
-
-
-def _opt(default, help: str, type=None, run_only: bool = False, choices=None):
+def _opt(default, help: str, type=None, run_only: bool = False):
     """A TrainConfig field with its flag's help text (the field's comment, in one place).
 
     ``run_only``: it changes how or where this run goes, not what it trains, so
     a snapshot written under another value may still be resumed.
     """
-    return field(default=default, metadata={"help": help, "type": type, "run_only": run_only, "choices": choices})
+    return field(default=default, metadata={"help": help, "type": type, "run_only": run_only})
 
 
 @dataclass(frozen=True)
@@ -85,8 +81,7 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         """JSON-friendly view (paths as strings), for metrics.json and TensorBoard hparams."""
-        d = dataclasses.asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
 
 
 def training_fields() -> tuple[str, ...]:
@@ -114,8 +109,7 @@ def build_parser(description: str, prog: str | None = None) -> argparse.Argument
             p.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
                            help=f"turn off the {meta['help']}" if f.default else meta["help"])
             continue
-        p.add_argument(flag, type=meta["type"] or _PARSERS[f.type], default=f.default, choices=meta["choices"],
-                       help=meta["help"])
+        p.add_argument(flag, type=meta["type"] or _PARSERS[f.type], default=f.default, help=meta["help"])
     return p
 
 

@@ -51,15 +51,10 @@ MISSING = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN
 
 
 def _detect(columns: Sequence[str], wanted: tuple[str, ...], contains: str | None) -> str | None:
+    """The first of the ``wanted`` names among ``columns`` (any case), else the one column whose name ``contains``."""
     lower = {c.lower().strip(): c for c in columns}
-    for name in wanted:
-        if name in lower:
-            return lower[name]
-    if contains:
-        hits = [c for c in columns if contains in c.lower()]
-        if len(hits) == 1:
-            return hits[0]
-    return None
+    hits = [c for c in columns if contains and contains in c.lower()]
+    return next((lower[name] for name in wanted if name in lower), hits[0] if len(hits) == 1 else None)
 
 
 def _number(cell: str) -> float | None:
@@ -120,10 +115,7 @@ def load_table(path: Path, smiles_col: str | None = None, label_col: str | None 
                             f"name it with --smiles-col")
     l_col = label_col or _detect([c for c in columns if c != s_col], LABEL_NAMES, None)
     if l_col is None:  # fall back to the one column that holds only 0s and 1s
-        def binary(column: str) -> bool:
-            values = {_number(v) for v in cells(column) if v not in MISSING}
-            return values == {0.0, 1.0}
-        found = [c for c in columns if c != s_col and binary(c)]
+        found = [c for c in columns if c != s_col and {_number(v) for v in cells(c) if v not in MISSING} == {0.0, 1.0}]
         l_col = found[0] if len(found) == 1 else None
     if l_col not in columns:
         raise InputError(f"{path} has no label column {label_col or ''}(columns: {', '.join(columns)}); "

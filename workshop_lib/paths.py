@@ -57,6 +57,16 @@ def clone_root(what: str, start: str | os.PathLike | None = None) -> Path:
     return root
 
 
+def shown(text: str | os.PathLike) -> str:
+    """``text`` without the package's folder and the clone's (else the current folder's) absolute path: a printed line
+    reads the same on every machine (the shipped dataset ``dataset/...`` in the clone, ``workshop_lib/dataset/...``
+    installed; a run's folder ``runs/...``)."""
+    text = str(text)
+    for folder in (PACKAGE.parent, lab_root()):
+        text = text.replace(f"{folder}{os.sep}", "")
+    return text
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, then rename: never half a file."""
     path = Path(path)

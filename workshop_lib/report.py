@@ -19,20 +19,7 @@ from workshop_lib.data import Splits
 from workshop_lib.errors import InputError
 from workshop_lib.metrics import BestModel, write_metrics
 from workshop_lib.model import count_parameters
-from workshop_lib.paths import PACKAGE, lab_root
-
-
-def shown(text: str | Path) -> str:
-    """``text`` without the package's folder and the clone's (else the current folder's) absolute path.
-
-    Printed lines read the same on every machine: the shipped dataset reads
-    ``dataset/b3db_classification.csv`` in the clone (``workshop_lib/dataset/...`` installed), a run's folder
-    ``runs/...``.
-    """
-    text = str(text)
-    for folder in (PACKAGE.parent, lab_root()):
-        text = text.replace(f"{folder}{os.sep}", "")
-    return text
+from workshop_lib.paths import shown
 
 
 def prepare_out_dir(out: Path) -> Path:
@@ -138,9 +125,8 @@ class Reporter:
         }
         path = write_metrics(Path(self.cfg.out) / "metrics.json", metrics)
         if self.cfg.tensorboard:
-            hparams = {k: v for k, v in self.cfg.as_dict().items()
-                       if k in ("epochs", "batch_size", "lr", "embed_dim", "hidden", "layers", "dropout", "seed")}
-            hparams["world_size"] = self.world_size
+            hparams = {k: getattr(self.cfg, k) for k in ("epochs", "batch_size", "lr", "embed_dim", "hidden", "layers",
+                                                           "dropout", "seed")} | {"world_size": self.world_size}
             self._tensorboard().add_hparams(hparams, {"hparam/heldout_roc_auc": heldout_roc_auc,
                                                       "hparam/dev_roc_auc": best.roc_auc}, run_name=".")
             self._writer.close()

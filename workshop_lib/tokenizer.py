@@ -33,11 +33,8 @@ class SmilesTokenizer:
         tokens = SMILES_TOKEN.findall(smiles)
         if sum(map(len, tokens)) != len(smiles):
             pos = 0
-            for tok in tokens:  # find the first character the pattern skipped
-                at = smiles.index(tok, pos)
-                if at != pos:
-                    break
-                pos = at + len(tok)
+            while m := SMILES_TOKEN.match(smiles, pos):  # to the first character no token starts with
+                pos = m.end()
             where = f" in row {row + 2}" if row is not None else ""
             raise InputError(f"SMILES {smiles[:60]!r}{where} has a character the tokenizer does not know: "
                                 f"{smiles[pos]!r} at position {pos}; fix or remove that molecule")
@@ -57,15 +54,5 @@ class SmilesTokenizer:
     def encode(self, smiles: str, row: int | None = None) -> list[int]:
         return [self.stoi.get(t, self.UNK) for t in self.split(smiles, row)]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.itos[i] for i in ids if i != self.PAD)
-
     def __len__(self) -> int:
         return len(self.itos)
-
-    def state_dict(self) -> dict:
-        return {"itos": list(self.itos)}
-
-    @classmethod
-    def from_state_dict(cls, state: dict) -> SmilesTokenizer:
-        return cls(state["itos"][2:])

@@ -41,12 +41,14 @@ def _join(pieces: Sequence[str]) -> str:
     return text + "\n"
 
 
+def _first_code(source: str) -> str:
+    """The first line that is not blank, a comment or a decorator (a decorated function is placed by its def)."""
+    return next((line for line in source.splitlines() if line.strip() and not line.lstrip().startswith(("#", "@"))), "")
+
+
 def _kind(source: str) -> int:
     """Where a cell goes in its script: 0 the docstring and imports, 1 the body, 2 ``def main``, 3 the guard."""
-    code = [line for line in source.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    while code and code[0].startswith("@"):  # a decorated function is placed by its def
-        code.pop(0)
-    first = code[0] if code else ""
+    first = _first_code(source)
     if first.startswith("if __name__"):
         return 3
     if first.startswith(('"""', "import ", "from ")):
@@ -56,26 +58,26 @@ def _kind(source: str) -> int:
 
 def cell_label(text: str) -> str:
     """How a learner finds a script's cell: "cell `def save_snapshot`", "the imports cell", "the __main__ cell"."""
-    code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith(("#", "@"))]
-    first = code[0] if code else ""
+    first = _first_code(text)
     if first.startswith(("def ", "async def ", "class ")):
         return f"cell `{first.split('(')[0].rstrip(':')}`"
     return {0: "the imports cell", 3: "the __main__ cell"}.get(_kind(text), f"cell `{first[:40]}`")
 
 
-def script_text(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
-                others: Sequence[tuple[str, object]] = (), noqa: str = "") -> str:
-    """The script ``name`` from the cells tagged ``script:<name>`` of ``nb`` (``sources``: text by cell id).
+def script_text(nb, name: str, source_name: str, exercise: bool, others: Sequence[tuple[str, object]] = (),
+                noqa: str = "") -> str:
+    """The script ``name`` from the cells tagged ``script:<name>`` of ``nb``.
 
     ``others``: (name, notebook) pairs that lend it cells, as solutions. ``noqa``: a last header line (exercises).
     """
-    return _script(nb, name, source_name, exercise, sources, others, noqa)[0]
+    return _script(nb, name, source_name, exercise, others=others, noqa=noqa)[0]
 
 
 def _script(nb, name: str, source_name: str, exercise: bool, sources: dict[str, str] | None = None,
-            others: Sequence[tuple[str, object]] = (), noqa: str = "") -> tuple[str, list[tuple[str, str, str, str]]]:
-    """:func:`script_text`, and its cells in order: (their text in the script, the notebook's name, the label, the
-    cell's source)."""
+            others: Sequence[tuple[str, object]] = (), noqa: str = "",
+            header: list[str] | None = None) -> tuple[str, list[tuple[str, str, str, str]]]:
+    """:func:`script_text` (``sources``: the cells' text by id; ``header``, if given, in place of "generated: do not
+    edit"), and its cells in order: (their text in the script, the notebook's name, the label, the cell's source)."""
     placed = []
     notebooks = sorted([(nb, source_name, True)] + [(o, n, False) for n, o in others], key=lambda t: Path(t[1]).name)
     for order, (where_nb, nb_name, home) in enumerate(notebooks):
@@ -90,12 +92,11 @@ def _script(nb, name: str, source_name: str, exercise: bool, sources: dict[str, 
     if not placed:
         raise WorkshopError(f"{source_name} has no cell tagged {SCRIPT_TAG}{name}; tag the script's cells")
     placed.sort(key=lambda p: p[0])
-    lenders = sorted(n for n, o in others if any(name in script_names(c) for c in o.cells))
-    header = [f"# Generated from {source_name} by `{GENERATED_BY}`: do not edit."]
-    header += [f"# (and cells of {lender})" for lender in lenders]
-    header.append(f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild.")
-    if noqa:
-        header.append(noqa)
+    if header is None:
+        lenders = sorted(n for n, o in others if any(name in script_names(c) for c in o.cells))
+        header = [f"# Generated from {source_name} by `{GENERATED_BY}`: do not edit.",
+                  *(f"# (and cells of {lender})" for lender in lenders),
+                  f"# Edit the cells tagged {SCRIPT_TAG}{name}, then rebuild.", *([noqa] if noqa else [])]
     cells = [(text, where, cell_label(text), src) for _, text, where, src in placed]
     return "\n".join(header) + "\n" + _join([text for text, _, _, _ in cells]), cells
 
@@ -112,7 +113,7 @@ def _lenders(course: Path, home: Path, name: str) -> tuple[list[tuple[str, objec
     lent, solved = [], []
     for key, solution in solution_notebooks(course / "notebooks").items():
         mine_path = home.parent / Path(key).name
-        if mine_path == home or Path(key).name == home.name:
+        if mine_path.name == home.name:
             continue
         if home.parent == course / "notebooks" or not mine_path.is_file():
             lent.append((key, solution))
@@ -176,9 +177,7 @@ def where_in_cells(path: str | Path, line: int) -> str | None:
 
 def in_cells(path: str | Path, message: str) -> str:
     """``message`` about the script at ``path``, each "line N" of it pointed at its cell (:func:`where_in_cells`)."""
-    def cell(m: re.Match) -> str:
-        return where_in_cells(path, int(m[1])) or m[0]
-    return re.sub(r"\bline (\d+)\b", cell, message)
+    return re.sub(r"\bline (\d+)\b", lambda m: where_in_cells(path, int(m[1])) or m[0], message)
 
 
 def _lines(text: str, cells: list[tuple[str, str, str, str]]) -> list[tuple[int, list[int], str, str]]:
@@ -242,15 +241,9 @@ def write_script(notebook: str | Path, name: str | None = None, to: Path | None 
             raise WorkshopError(f"{path.name} has scripts {names}; say which with name=")
         name = names[0]
     others, solved = _lenders(course, path, name)
-    text, cells = _script(nb, name, path.name, exercise=False, sources=_ran, others=others)
-    lines = text.split("\n")
-    while lines[0].startswith(("# Generated from", "# (and cells of", "# Edit the cells")):
-        lines.pop(0)  # without the "generated, do not edit" header: this one is yours
-    body = "\n".join(lines)
-    text = f"# Your {name}, written from {path.name} by workshop_lib.authoring.scripts.write_script.\n"
-    if solved:
-        text += f"# From the solutions, as yours still raise NotImplementedError: {', '.join(solved)}.\n"
-    text += body
+    header = [f"# Your {name}, written from {path.name} by workshop_lib.authoring.scripts.write_script.",
+              *([f"# From the solutions, as yours still raise NotImplementedError: {', '.join(solved)}."] if solved else [])]
+    text, cells = _script(nb, name, path.name, exercise=False, sources=_ran, others=others, header=header)
     out = Path(to) if to else course / MINE / f"{name}.py"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, text.encode())  # a job may be starting from the last version: never half written

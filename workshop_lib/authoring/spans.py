@@ -136,11 +136,9 @@ def exercise_source(source: str, where: str = "cell") -> str:
     for hint, begin, end in _spans(source, where):
         if lines[hint].strip() == BROKEN_BEGIN:
             out += lines[pos:hint] + [_uncommented(line) for line in lines[hint + 1:begin - 1]]
-            pos = end + 1
-            continue
-        indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-        out += lines[pos:begin]
-        out.append(indent + TODO_RAISE)
+        else:
+            indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+            out += [*lines[pos:begin], indent + TODO_RAISE]
         pos = end + 1
     out += lines[pos:]
     return "\n".join(out)

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 from workshop_lib.engine.common import CheckFailed, verdict
-from workshop_lib.launching.launch import free_port, torchrun_argv
+from workshop_lib.launching.launch import free_port, start_job
 from workshop_lib.launching.processes import kill_tree
-from workshop_lib.paths import lab_root
 
 TORCHRUN = ("torchrun", "python -m torch.distributed.run", "python3 -m torch.distributed.run")
 
@@ -83,11 +82,9 @@ def _flags_here(flags: list[str], endpoint: str) -> list[str]:
 def run_here(args, timeout: float = 60) -> list[str]:
     """Start the command twice on this machine, as two nodes; every rank's line, sorted. CheckFailed if it fails."""
     endpoint = f"127.0.0.1:{free_port()}"  # both agents think they host it: the first binds, the other connects
-    argv = torchrun_argv("workshop_lib.checks.nodes", None, standalone=False, flags=_flags_here(args.flags, endpoint),
-                         module=True)  # the learner's flags as written, the endpoint on this machine
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    agents = [subprocess.Popen(argv, cwd=lab_root(), env=env, text=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, start_new_session=True) for _ in range(2)]
+    # the learner's flags as written, the endpoint on this machine; a node of this exercise has one CPU: one thread
+    agents = [start_job("workshop_lib.checks.nodes", (), None, _flags_here(args.flags, endpoint), standalone=False,
+                        module=True, env={"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}) for _ in range(2)]
     deadline = time.monotonic() + timeout
     outputs = []
     try:
@@ -100,9 +97,9 @@ def run_here(args, timeout: float = 60) -> list[str]:
     finally:
         for agent in agents:
             kill_tree(agent, grace=0)
-    for node, (agent, (_, stderr)) in enumerate(zip(agents, outputs, strict=True)):
+    for node, (agent, (output, _)) in enumerate(zip(agents, outputs, strict=True)):
         if agent.returncode != 0:
-            last = [line for line in stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            last = [line for line in output.splitlines() if line.strip()][-1:] or ["no output"]
             raise CheckFailed(f"node {node}'s torchrun failed with exit code {agent.returncode}: {last[0][:200]}")
     return sorted(line for stdout, _ in outputs for line in stdout.splitlines() if line.startswith("node "))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sysconfig
 import traceback
-from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workshop_lib/
 _TOOLS = tuple(os.path.join(_PACKAGE, p) + os.sep for p in sorted(os.listdir(_PACKAGE))  # every subpackage
@@ -53,16 +52,10 @@ def since_fork(stack: list[traceback.FrameSummary]) -> list[traceback.FrameSumma
     return stack[starts[-1] + 1:] if starts else stack
 
 
-def caller(frame: FrameType | None = None, core_is_library: bool = False) -> traceback.FrameSummary | None:
-    """The innermost of the learner's frames that led to ``frame`` (default: here)."""
-    stack = since_fork(traceback.extract_stack(frame))
-    mine = users(stack, core_is_library)
-    return mine[-1] if mine else None
-
-
-def raised_at(err: BaseException, core_is_library: bool = True) -> traceback.FrameSummary | None:
-    """The innermost of the learner's frames in ``err``'s traceback: the line of theirs that led to the raise."""
-    mine = users(traceback.extract_tb(err.__traceback__), core_is_library)
+def raised_at(err: BaseException) -> traceback.FrameSummary | None:
+    """The innermost of the learner's frames in ``err``'s traceback (the core counted as library): the line of theirs
+    that led to the raise."""
+    mine = users(traceback.extract_tb(err.__traceback__), core_is_library=True)
     return mine[-1] if mine else None
 
 

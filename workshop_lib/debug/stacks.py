@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workshop_lib.debug.frames import is_library, short
+from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import WorkshopError
 
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -40,7 +41,12 @@ class Rank:
 
 def _is_torchrun(proc) -> bool:
     """``torchrun ...`` or ``python -m torch.distributed.run ...`` (the agent that starts the ranks)."""
-    args = proc.cmdline()
+    import psutil
+
+    try:
+        args = proc.cmdline()
+    except psutil.Error:  # gone, or not ours to read
+        return False
     return "torch.distributed.run" in args or any(Path(a).name == "torchrun" for a in args[:2])
 
 
@@ -52,11 +58,11 @@ def find_workers(pid: int | None = None) -> tuple[int, dict[int, int]]:
         found = {}
         for child in agent.children(recursive=True):
             try:
-                env = child.environ()
-            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                launch = read_launch_env(child.environ())
+            except (psutil.Error, WorkshopError):  # gone, not ours to read, or no worker of torchrun's
                 continue
-            if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
-                found[int(env["RANK"])] = child.pid
+            if launch.under_torchrun:
+                found[launch.rank] = child.pid
         return found
 
     if pid is not None:
@@ -64,17 +70,12 @@ def find_workers(pid: int | None = None) -> tuple[int, dict[int, int]]:
             proc = psutil.Process(pid)
         except psutil.NoSuchProcess:
             raise WorkshopError(f"no process {pid}; give the pid of torchrun or of one of its ranks") from None
-        agents = [proc, *proc.parents()]
-        agent = next((p for p in agents if _safe(lambda p=p: _is_torchrun(p))), None)
+        agent = next((p for p in [proc, *proc.parents()] if _is_torchrun(p)), None)
         if agent is None:
             raise WorkshopError(f"process {pid} is not a torchrun job nor one of its ranks; give torchrun's pid")
         return agent.pid, workers_of(agent)
-    jobs = []
-    for proc in psutil.process_iter():
-        if proc.pid != os.getpid() and _safe(lambda proc=proc: _is_torchrun(proc)):
-            workers = workers_of(proc)
-            if workers:
-                jobs.append((proc.pid, workers))
+    jobs = [(p.pid, workers) for p in psutil.process_iter()
+            if p.pid != os.getpid() and _is_torchrun(p) and (workers := workers_of(p))]
     if not jobs:
         raise WorkshopError("no torchrun job with running ranks on this machine; start one, or give its pid")
     if len(jobs) > 1:
@@ -84,30 +85,18 @@ def find_workers(pid: int | None = None) -> tuple[int, dict[int, int]]:
     return jobs[0]
 
 
-def _safe(fn) -> bool:
-    try:
-        return fn()
-    except Exception:
-        return False
-
-
 def pyspy_exe() -> str:
     """py-spy on PATH, else the one installed beside this Python (a venv that is not activated)."""
     return shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 
 
-def pyspy_dump(pid: int, native: bool = False, timeout: float = 20.0) -> subprocess.CompletedProcess:
-    """``py-spy dump`` of ``pid`` (with C/C++ frames if ``native``), in plain text; OSError or TimeoutExpired if not."""
-    # A Jupyter kernel asks child processes for colours (FORCE_COLOR); plain text parses, and reads in a log.
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
-    cmd = [pyspy_exe(), "dump", *(["--native"] if native else []), "--pid", str(pid)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-
-
 def pyspy_stack(pid: int, show_all: bool = False, timeout: float = 20.0) -> list[str]:
     """The main thread's frames (outermost first) from ``py-spy dump``; raises RuntimeError if it cannot."""
+    # A Jupyter kernel asks child processes for colours (FORCE_COLOR); plain text parses, and reads in a log.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")} | {"NO_COLOR": "1"}
     try:
-        done = pyspy_dump(pid, timeout=timeout)
+        done = subprocess.run([pyspy_exe(), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RuntimeError(f"py-spy did not run ({err})") from None
     if done.returncode != 0:

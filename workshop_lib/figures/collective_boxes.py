@@ -56,16 +56,16 @@ def before_after(results: Sequence[dict]):
             assert got == _expected(results, op, rank), f"{op} left {got} on rank {rank}: not what it promises"
         print(f"{op + ':':16}" + "   ".join(f"rank {rank} {_text(_values(r[op]))}" for rank, r in enumerate(results))
               + f"   ({PROMISE[op]})")
-    columns = [("before", None), *[(op, op) for op in OPS]]
-    widths = [max(len(_values(r[key or "before"])) for r in results) for _, key in columns]
+    columns = ["before", *OPS]
+    widths = [max(len(_values(r[key])) for r in results) for key in columns]
     fig, (ax,) = _new_figure(width=1.0 + 0.55 * (sum(widths) + len(columns)), height=0.9 + 0.65 * len(results))
     ax.set(xlim=(-1.2, sum(widths) + len(columns)), ylim=(-0.2 - len(results), 0.9))
     ax.axis("off")
     x = 0.0
-    for (title, key), width in zip(columns, widths, strict=True):
-        ax.text(x + width / 2, 0.4, title, ha="center", fontsize=9, weight="bold")
+    for key, width in zip(columns, widths, strict=True):
+        ax.text(x + width / 2, 0.4, key, ha="center", fontsize=9, weight="bold")
         for rank, r in enumerate(results):
-            for i, value in enumerate(_values(r[key or "before"])):
+            for i, value in enumerate(_values(r[key])):
                 ax.add_patch(Rectangle((x + i, -rank - 0.9), 0.95, 0.8, fc=_colour(value, befores), ec="#555"))
                 ax.text(x + i + 0.47, -rank - 0.5, f"{value:g}", ha="center", va="center", fontsize=8)
         x += width + 1

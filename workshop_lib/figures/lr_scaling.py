@@ -35,11 +35,11 @@ def mean_dev(runs: dict) -> dict[tuple[int, str], float]:
 def figure(runs: dict):
     """Best dev ROC AUC (mean, and the seeds' lowest to highest) by rank count and rule."""
     fig, (ax,) = plots._new_figure(width=6.0, height=3.2)
-    counts = sorted({r["nprocs"] for r in runs["runs"]})
+    counts, mean = sorted({r["nprocs"] for r in runs["runs"]}), mean_dev(runs)
     for i, rule in enumerate(RULES):
         rows = sorted((r for r in runs["runs"] if r["rule"] == rule), key=lambda r: r["nprocs"])
         xs = [counts.index(r["nprocs"]) + (i - 1) * 0.18 for r in rows]
-        means = [sum(r["dev_roc_auc"]) / len(r["dev_roc_auc"]) for r in rows]
+        means = [mean[r["nprocs"], rule] for r in rows]
         spread = [[m - min(r["dev_roc_auc"]) for m, r in zip(means, rows, strict=True)],
                   [max(r["dev_roc_auc"]) - m for m, r in zip(means, rows, strict=True)]]
         ax.errorbar(xs, means, yerr=spread, fmt="o", capsize=3, label=f"lr rule: {rule}")

@@ -9,13 +9,13 @@ from pathlib import Path
 from workshop_lib.errors import WorkshopError
 
 
-def _new_figure(width: float, height: float, ncols: int = 1):
-    """A figure with ``ncols`` axes side by side, closed in pyplot: the cell that returns it shows it once."""
+def _new_figure(width: float, height: float, nrows: int = 1, ncols: int = 1, **options):
+    """A figure and its axes (a list, row by row), closed in pyplot: the cell that returns it shows it once."""
     import matplotlib.pyplot as plt  # pyplot, not Figure(): Jupyter's inline display hooks in on this import
 
-    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False, **options)
     plt.close(fig)
-    return fig, list(axes[0])
+    return fig, list(axes.flat)
 
 
 def length_histogram(lengths: Sequence[int]):

@@ -111,11 +111,6 @@ def one_node(output: Sequence[str]):
     return fig
 
 
-def global_rank(node_rank: int, nproc_per_node: int, local_rank: int) -> int:
-    """torchrun's numbering: the nodes' workers one after the other."""
-    return node_rank * nproc_per_node + local_rank
-
-
 def two_nodes(nnodes: int = 2, nproc_per_node: int = 2):
     """Several nodes, computed: each a torchrun (an agent) with the same ``--nproc_per_node``, numbered node after node."""
     from matplotlib.patches import Rectangle
@@ -123,8 +118,7 @@ def two_nodes(nnodes: int = 2, nproc_per_node: int = 2):
     from workshop_lib.figures.plots import _new_figure
 
     world = nnodes * nproc_per_node
-    ranks = [[global_rank(node, nproc_per_node, local) for local in range(nproc_per_node)] for node in range(nnodes)]
-    assert sorted(r for node in ranks for r in node) == list(range(world)), "each worker must get its own rank"
+    ranks = [list(range(node * nproc_per_node, (node + 1) * nproc_per_node)) for node in range(nnodes)]  # node by node
     print(f"{nproc_per_node} workers a node, so RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK: "
           + "; ".join(f"node {node} holds ranks {', '.join(map(str, r))}" for node, r in enumerate(ranks)))
     width = nnodes * (1.9 * nproc_per_node + 0.6)

@@ -112,8 +112,8 @@ def _on_rank(env, kinds: Sequence[int], make_loader: Callable | None, limit: int
                 grad = grad_vector(model)
             optimizer.step()
             weights.append(parameters_to_vector(model.parameters()).detach().clone())
-        out[kind] = {"n_train": len(splits.train), "shard": shard, "own": own, "grad": grad, "weights": weights,
-                     "start": start, "shown": (at, at + sizes[names.index(SHOWN)])}
+        out[kind] = {"n_train": len(splits.train), "shards": shard, "own_grads": own, "grads": grad,
+                     "weights": weights, "start": start, "shown": slice(at, at + sizes[names.index(SHOWN)])}
     return out
 
 
@@ -129,9 +129,8 @@ def record(make_loader: Callable | None = None, kinds: Sequence[int] = (1, 2), l
     if make_loader is None and any(k > 1 for k in kinds):
         raise WorkshopError("steps 2 and 3 need your make_loader: replicas.record(make_loader, kinds=...)")
     ranks = notebook_launch(_on_rank, 2, list(kinds), make_loader, limit, timeout=90)
-    return {kind: Held(kind, ranks[0][kind]["n_train"], [r[kind]["shard"] for r in ranks],
-                       [r[kind]["own"] for r in ranks], [r[kind]["grad"] for r in ranks],
-                       [r[kind]["weights"] for r in ranks], ranks[0][kind]["start"], slice(*ranks[0][kind]["shown"]))
+    per_rank = ("shards", "own_grads", "grads", "weights")  # the rest is the same on every rank: rank 0's
+    return {kind: Held(kind, **{k: [r[kind][k] for r in ranks] if k in per_rank else v for k, v in ranks[0][kind].items()})
             for kind in kinds}
 
 
@@ -161,12 +160,11 @@ def figure(held: dict[int, Held]):
     against rank 0 (on the diagonal: equal); then the replica spread after each optimizer step, every kind a line."""
     import matplotlib.pyplot as plt
 
+    from workshop_lib.figures.plots import _new_figure
+
     kinds = list(held.values())
     with plt.rc_context({"font.size": 16, "axes.titlesize": 17}):
-        fig, axes = plt.subplots(1, len(kinds) + 1, figsize=(4.6 * (len(kinds) + 1), 5.0), layout="constrained",
-                                 squeeze=False)
-        plt.close(fig)  # shown once, as the cell's value
-        axes = list(axes[0])
+        fig, axes = _new_figure(4.6 * (len(kinds) + 1), 5.0, ncols=len(kinds) + 1, layout="constrained")
         changes = {h.kind: [(w[-1] - h.start).numpy() for w in h.weights[:2]] for h in kinds}  # ranks 0 and 1: (P,)
         edge = max(float(abs(c).max()) for pair in changes.values() for c in pair) * 1.05 or 1.0
         colours = {1: "tab:gray", 2: "tab:red", 3: "tab:blue"}

@@ -16,7 +16,7 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER = "forward", "backward", "launch", "all-reduce", "copy", "optimizer"
 PARTS = (FORWARD, BACKWARD, LAUNCH, ALL_REDUCE, COPY, OPTIMIZER)
@@ -93,13 +93,13 @@ class Bucket:
         return sum(self.sizes)
 
 
+@dataclass
 class _BucketLog:
     """What :func:`note_buckets`' hook saw of each bucket: this backward's so far, by index, and the last whole one."""
 
-    def __init__(self, names: dict[int, str]):
-        self.names = names  # id(parameter) -> its name in the module
-        self.current: dict[int, Bucket] = {}
-        self.last: list[Bucket] | None = None
+    names: dict[int, str]  # id(parameter) -> its name in the module
+    current: dict[int, Bucket] = field(default_factory=dict)
+    last: list[Bucket] | None = None
 
 
 _logs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP model -> its _BucketLog
@@ -197,9 +197,8 @@ def _median(steps: Sequence[Step]) -> Step:
     for kind in PARTS:
         counts = {len(s.of(kind)) for s in steps}
         assert len(counts) == 1, f"the steps hold {sorted(counts)} {kind} records: not the same step each time"
-        n = counts.pop()
         parts[kind] = tuple((statistics.median(s.of(kind)[i][0] for s in steps),
-                             statistics.median(s.of(kind)[i][1] for s in steps)) for i in range(n))
+                             statistics.median(s.of(kind)[i][1] for s in steps)) for i in range(counts.pop()))
     return Step(parts)
 
 
@@ -289,9 +288,10 @@ def draw(timelines: Sequence[Timeline]):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 1.2 + 1.6 * len(timelines)), sharex=True, squeeze=False)
-    plt.close(fig)  # shown once, as the cell's value
-    for ax, t in zip(axes[:, 0], timelines, strict=True):
+    from workshop_lib.figures.plots import _new_figure
+
+    fig, axes = _new_figure(10, 1.2 + 1.6 * len(timelines), nrows=len(timelines), sharex=True)
+    for ax, t in zip(axes, timelines, strict=True):
         ticks, names = [], []
         for rank, m in enumerate(t.median):
             main_y, gloo_y = 3 * rank + 0.4, 3 * rank + 1.4  # rank 0 on top: the axis is inverted below
@@ -311,7 +311,7 @@ def draw(timelines: Sequence[Timeline]):
         slower = max(t.median, key=lambda m: m.end)
         ax.set_title(f"{t.label}; median step {slower.end:.1f} ms (slower rank)", fontsize=10, loc="left")
     steps = len(timelines[0].steps[0])
-    axes[-1, 0].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
+    axes[-1].set_xlabel(f"ms since the step began: the median of {steps} steps (one clock for both ranks)")
     handles = [*(Patch(color=_COLORS[k], label=k) for k in (FORWARD, BACKWARD, ALL_REDUCE, OPTIMIZER)),
                Patch(facecolor="none", edgecolor="gray", hatch="///", label="backward() waits for gloo"),
                plt.Line2D([], [], color="k", marker="v", linestyle="none", label="DDP launches a bucket"),

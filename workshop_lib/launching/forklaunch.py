@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import os
 import pickle
 import shutil
 import sys
@@ -19,10 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workshop_lib.debug import hangreport
+from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.errors import WorkshopError
 from workshop_lib.launching import ends, spawning
 from workshop_lib.launching.launch import LaunchError
-from workshop_lib.launching.ranks import Ranks, lab_env
+from workshop_lib.launching.ranks import Ranks
 
 
 class RanksFailed(LaunchError):
@@ -116,9 +118,10 @@ def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, 
     if method == "spawn":  # a fresh Python cannot import a function defined in a cell: it gets it by value
         fn, args = spawning.pack(fn, args, name), ()
     log_dir = tempfile.mkdtemp(prefix="notebook-launch-")
-    ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args)
-                               for r in range(nprocs)}, {r: lab_env(r, nprocs) for r in range(nprocs)}, method,
-                  {r: str(Path(log_dir) / f"rank{r}.log") for r in range(nprocs)})
+    world, threads = range(nprocs), os.environ.get("OMP_NUM_THREADS", "1")  # torchrun's variables, one node
+    ranks = Ranks(_rank_main, {r: (fn, backend, group_timeout or timeout, hang_after, log_dir, *args) for r in world},
+                  {r: launch_variables(r, nprocs, OMP_NUM_THREADS=threads) for r in world}, method,
+                  {r: str(Path(log_dir) / f"rank{r}.log") for r in world})
     try:
         try:
             gc.freeze()  # the kernel's objects, garbage too, out of the forked ranks' collections (see ranks._run)

@@ -32,10 +32,6 @@ class DistEnv:
         """Global rank 0: the one process that logs and writes files."""
         return self.rank == 0
 
-    def describe(self) -> str:
-        return (f"rank {self.rank}/{self.world_size} (local {self.local_rank}/{self.local_world_size}) "
-                f"backend={self.backend} device={self.device} threads={torch.get_num_threads()}")
-
 
 def join(backend: str = "gloo", timeout: float = 120.0, store: dist.Store | None = None) -> DistEnv:
     """Join the group torchrun's variables describe (on ``store`` if given, else env://); return who we are."""

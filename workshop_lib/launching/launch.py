@@ -25,7 +25,7 @@ from workshop_lib.config import TrainConfig
 from workshop_lib.errors import WorkshopError
 from workshop_lib.launching import ends
 from workshop_lib.launching.processes import kill_tree
-from workshop_lib.paths import lab_root
+from workshop_lib.paths import lab_root, shown
 
 TAIL_LINES = 40
 WATCH = ("-m", "workshop_lib.watch")  # torchrun's way to run a module: the script then runs with the hang watch
@@ -54,18 +54,9 @@ class RunResult(dict):
         return [line[len(tag):] for line in self.output if line.startswith(tag)]
 
 
-def _display_path(path: Path) -> str:
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(lab_root()))
-    except ValueError:
-        return str(path)
-
-
 def _resolve(path: str | os.PathLike) -> Path:
     """Relative to the clone's root (:func:`~workshop_lib.paths.lab_root`), as in the printed command."""
-    path = Path(path)
-    return path if path.is_absolute() else lab_root() / path
+    return (lab_root() / path).resolve()  # an absolute path stays itself
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -143,7 +134,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
         raise WorkshopError(f"show={show!r} is not an option; use show='rank0', 'all' or None")
     script, args, out_dir = _arguments(script, args, out)
     epochs = int(_flag_value(args, "--epochs") or TrainConfig().epochs)
-    command = torchrun_command(_display_path(script), nproc, watch=watch, args=args)
+    command = torchrun_command(shown(script), nproc, watch=watch, args=args)
     print(f"$ {command}", flush=True)
     log_dir = tempfile.mkdtemp(prefix="torchrun-logs-")
     start, started_at = time.perf_counter(), time.time()
@@ -168,7 +159,7 @@ def torchrun(script: str | os.PathLike, nproc: int = 2, args: Sequence[object] =
     shutil.rmtree(log_dir, ignore_errors=True)
     result = RunResult()
     written = out_dir / "metrics.json" if out_dir is not None else None
-    if written is not None and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
+    if written and written.is_file() and written.stat().st_mtime >= started_at - 1:  # not an old run's
         from workshop_lib.metrics import read_metrics
 
         result.update(read_metrics(written))
@@ -180,15 +171,14 @@ def _arguments(script: str | os.PathLike, args: Sequence, out: str | os.PathLike
     """(the script's path, its arguments with --out added where it applies, the out directory)."""
     script = _resolve(script)
     if not script.is_file():
-        raise WorkshopError(f"script {_display_path(script)} not found; check the path (relative to {lab_root()})")
+        raise WorkshopError(f"script {shown(script)} not found; check the path (relative to {lab_root()})")
     args = [str(a) for a in args]
     if out is not False and _flag_value(args, "--out") is None:
         if out is None:
             (lab_root() / "runs").mkdir(exist_ok=True)
             out = tempfile.mkdtemp(prefix=f"{script.stem}-", dir=lab_root() / "runs")
-        args += ["--out", _display_path(_resolve(out))]
-    out_dir = _resolve(_flag_value(args, "--out")) if _flag_value(args, "--out") else None
-    return script, args, out_dir
+        args += ["--out", shown(_resolve(out))]
+    return script, args, _resolve(given) if (given := _flag_value(args, "--out")) else None
 
 
 def torchrun_argv(script: str | os.PathLike, nproc: int | None = 2, *, standalone: bool = True,
@@ -217,14 +207,14 @@ def torchrun_command(script: str | os.PathLike, nproc: int | None = 2, **options
     return shlex.join(["torchrun", *torchrun_argv(script, nproc, **options)[3:]])
 
 
-def start_job(script: Path, args: Sequence[str], nproc: int = 2, torchrun_flags: Sequence[str] = (),
-              env: dict[str, str] | None = None, watch: bool = False) -> subprocess.Popen:
-    """:func:`torchrun_argv` of ``script args`` on one node, in a session of its own.
+def start_job(script: Path | str, args: Sequence[str], nproc: int | None = 2, torchrun_flags: Sequence[str] = (),
+              env: dict[str, str] | None = None, watch: bool = False, **options) -> subprocess.Popen:
+    """:func:`torchrun_argv` of ``script args`` (one node, unless ``options`` say otherwise), in a session of its own.
 
     The lab's one way to start a job: one thread per rank unless OMP_NUM_THREADS says otherwise, its lines on a
     pipe. Stop it with :func:`workshop_lib.launching.processes.kill_tree`.
     """
-    argv = torchrun_argv(script, nproc, flags=torchrun_flags, watch=watch, args=args)
+    argv = torchrun_argv(script, nproc, flags=torchrun_flags, watch=watch, args=args, **options)
     full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(argv, cwd=lab_root(), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True, bufsize=1)
@@ -262,9 +252,8 @@ def _follow(proc: subprocess.Popen, show: str | None, bar, deadline: float, time
 
 def _interrupted(out_dir: Path | None) -> str:
     """What an interrupted launch leaves, and how to go on."""
-    snapshot = out_dir / "snapshot.pt" if out_dir is not None else None
-    if snapshot is not None and snapshot.is_file():
-        return (f"interrupted: every rank stopped; the last whole snapshot is {_display_path(snapshot)}: "
+    if out_dir is not None and (snapshot := out_dir / "snapshot.pt").is_file():
+        return (f"interrupted: every rank stopped; the last whole snapshot is {shown(snapshot)}: "
                 f"run the same command again to resume from it")
     return "interrupted: every rank stopped"
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.launching.processes import kill_tree
+from workshop_lib.paths import write_atomic
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
 _KILL = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL: psutil's SIGTERM terminates there
@@ -120,9 +120,7 @@ def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, di
         sys.stdout = sys.stderr = log
         if faulthandler.is_enabled():  # a fatal error's dump into this rank's log, not the fd the parent gave it
             faulthandler.enable(file=log)
-    result = entry(*args[index])
-    Path(folder, f"result{index}.tmp").write_bytes(pickle.dumps(result))
-    os.replace(Path(folder, f"result{index}.tmp"), Path(folder, f"result{index}"))
+    write_atomic(Path(folder, f"result{index}"), pickle.dumps(entry(*args[index])))  # poll sees it whole or not
 
 
 @dataclass
@@ -137,8 +135,7 @@ class Ranks:
     """``entry(*args[r])`` in ``len(args)`` processes, ``envs[r]`` added to each one's environment, its output into
     the file ``logs[r]`` (if given).
 
-    Call :meth:`start` inside the ``try`` whose ``finally`` calls :meth:`stop`. In between, SIGINT (the stop
-    button, Ctrl-C) kills every rank and raises KeyboardInterrupt; :meth:`stop` gives SIGINT back to the caller.
+    Call :meth:`start` inside the ``try`` whose ``finally`` calls :meth:`stop`: the stop button's span (module docstring).
     """
 
     def __init__(self, entry: Callable, args: dict[int, tuple], envs: dict[int, dict[str, str]], method: str,
@@ -199,8 +196,3 @@ class Ranks:
         for p in self._processes:
             if p.exitcode is None:
                 kill_tree(p.pid, grace=0, first=_KILL)
-
-
-def lab_env(rank: int, world_size: int) -> dict[str, str]:
-    """The variables torchrun gives a worker that the lab's ranks need (one node)."""
-    return launch_variables(rank, world_size, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))

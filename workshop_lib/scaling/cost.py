@@ -10,7 +10,7 @@ the factor nccl-tests use for "bus bandwidth" (doc/PERFORMANCE.md), so ``beta`` 
 "double-tree" (NCCL's across nodes, NVIDIA blog on NCCL 2.4, 2019): the tree's latency, the ring's bandwidth.
 ``overlap``: the share of backward that can hide the all-reduce of early buckets, as Horovod (arXiv:1802.05799)
 and DDP do; this workshop's LSTM fits in one DDP bucket, all-reduced when backward ends: overlap 0.
-Inputs are measured (:mod:`~.measure`) or published (:mod:`~.published`). Plain arithmetic, no torch.
+Inputs are measured (:mod:`~.measure`) or published (:mod:`~.published`). Plain arithmetic (numpy's least squares), no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from workshop_lib.errors import WorkshopError
 
@@ -50,16 +52,8 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], n: int = 2
     """
     if n < 2 or len(nbytes) != len(seconds) or len(set(nbytes)) < 2:
         raise WorkshopError("fit_alpha_beta needs timings of at least 2 message sizes on 2 or more ranks")
-    w = [1 / t for t in seconds]
-    sw = sum(x * x for x in w)
-    xs, ys = [s * k for s, k in zip(nbytes, w, strict=True)], [t * k for t, k in zip(seconds, w, strict=True)]
-    # weighted least squares of t = a + b*S: minimise sum((w*t - a*w - b*w*S)^2)
-    sxx = sum(x * x for x in xs)
-    sxw = sum(x * k for x, k in zip(xs, w, strict=True))
-    sy, sxy = sum(y * k for y, k in zip(ys, w, strict=True)), sum(x * y for x, y in zip(xs, ys, strict=True))
-    det = sw * sxx - sxw * sxw
-    a, b = (sy * sxx - sxw * sxy) / det, (sw * sxy - sxw * sy) / det
-    a, b = max(a, 0.0), max(b, 1e-15)  # noise can tip a line through tiny timings below zero
+    b, a = np.polyfit(nbytes, seconds, 1, w=[1 / t for t in seconds])  # least squares of t = a + b*S, weighted
+    a, b = max(float(a), 0.0), max(float(b), 1e-15)  # noise can tip a line through tiny timings below zero
     return a / (2 * (n - 1)), 2 * (n - 1) / n / b
 
 
@@ -83,13 +77,10 @@ class ComputeCurve:
 
     def linear(self) -> tuple[float, float]:
         """Least-squares (seconds per step, seconds per sample): the fixed and the per-sample cost."""
-        n = len(self.batches)
-        if n == 1:
+        if len(self.batches) == 1:
             return 0.0, self.seconds[0] / self.batches[0]
-        mb, mt = sum(self.batches) / n, sum(self.seconds) / n
-        slope = (sum((b - mb) * (t - mt) for b, t in zip(self.batches, self.seconds, strict=True))
-                 / sum((b - mb) ** 2 for b in self.batches))
-        return mt - slope * mb, slope
+        slope, fixed = np.polyfit(self.batches, self.seconds, 1)
+        return float(fixed), float(slope)
 
 
 def interpolate(xs: Sequence[float], ys: Sequence[float], x: float, proportional_below: bool = False) -> float:

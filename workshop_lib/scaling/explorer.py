@@ -53,15 +53,13 @@ class Explorer:
         self.work, self.alpha, self.ns = work, alpha, list(ns)
         self.fig, (self.ax,) = plots._new_figure(width=6.4, height=3.8)
         start = self.curve(work.params / 1e6, work.batch, 50.0, 0.0)
-        (self.reference,) = self.ax.plot(self.ns, start, ":", color="gray",
-                                         label=f"{work.name}, batch {work.batch}, 50 GB/s, no overlap")
+        self.ax.plot(self.ns, start, ":", color="gray", label=f"{work.name}, batch {work.batch}, 50 GB/s, no overlap")
         (self.line,) = self.ax.plot(self.ns, start, "o-", ms=3, color="tab:blue", label="your settings")
         self.ax.set_xscale("log", base=2)
         self.ax.set(xlabel="ranks (GPUs)", ylabel="efficiency (speed-up / N)", ylim=(0, 1.05))
         self.ax.legend(fontsize=8, loc="lower left")
         self.ax.grid(alpha=0.3)
         self.fig.tight_layout()
-        self.settings: dict = {}
         self.output = None
 
     def curve(self, params_m: float, batch: int, bandwidth_gbs: float, overlap: float) -> list[float]:
@@ -73,7 +71,6 @@ class Explorer:
         """The sliders' callback: recompute the curve, set the line's data, return {N: efficiency}."""
         eff = self.curve(params_m, batch, bandwidth_gbs, overlap)
         self.line.set_ydata(eff)
-        self.settings = {"params_m": params_m, "batch": batch, "bandwidth_gbs": bandwidth_gbs, "overlap": overlap}
         self.ax.set_title(f"{params_m:g}M parameters, batch {batch} per rank, {bandwidth_gbs:g} GB/s, "
                           f"overlap {overlap:.0%}", fontsize=9)
         if self.output is not None:
@@ -131,8 +128,8 @@ def doubling_stops_paying(rows: list[dict], gain: float = 1.1) -> int | None:
 
 
 def check(question: str, predicted, expected: float) -> None:
-    """Compare a prediction with the model's value; print a tick and why, or raise CheckFailed with the why."""
-    from workshop_lib.engine.common import CheckFailed, as_share, is_number
+    """Compare a prediction with the model's value: a tick and why, or CheckFailed with the why."""
+    from workshop_lib.engine.common import CheckFailed, as_share, is_number, verdict
 
     what, tolerance, why = PREDICTIONS[question]
     if not is_number(predicted):
@@ -144,6 +141,5 @@ def check(question: str, predicted, expected: float) -> None:
              else abs(predicted - expected) <= max(1.0, tolerance * expected))
     shown = (lambda x: f"{x:.0%}") if share else (lambda x: f"{x:.0f} ms")
     said = f"{100 * predicted:.3g}%" if share else shown(predicted)
-    if not close:
-        raise CheckFailed(f"you predicted {said}, the model gives {shown(expected)}: {why}")
-    print(f"\N{CHECK MARK} {shown(expected)} (you said {said}): {why}")
+    verdict(None if close else f"you predicted {said}, the model gives {shown(expected)}: {why}",
+            f"{shown(expected)} (you said {said}): {why}")

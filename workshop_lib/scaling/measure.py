@@ -71,15 +71,6 @@ class MachineFit:
                 "together": dict(zip(self.together.batches, self.together.seconds, strict=True)),
                 "straggler_s": self.straggler, "allreduce_in_step_s": self.allreduce_in_step}
 
-    @classmethod
-    def from_dict(cls, d: dict) -> MachineFit:
-        """The fit as :meth:`as_dict` wrote it (benchmarks/results/model.json)."""
-        curve = lambda m: ComputeCurve(tuple(float(k) for k in m), tuple(m.values()))  # noqa: E731
-        ints = lambda m: {int(float(k)): v for k, v in m.items()}  # noqa: E731
-        return cls(d["params"], d["nprocs"], d["alpha_s"], d["beta_bytes_per_s"],
-                   [tuple(p) for p in d["allreduce_points"]], curve(d["alone"]), curve(d["together"]),
-                   ints(d["straggler_s"]), ints(d.get("allreduce_in_step_s", {})))
-
 
 @functools.lru_cache(maxsize=2)
 def _splits(limit: int | None):

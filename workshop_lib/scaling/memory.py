@@ -17,18 +17,14 @@ GiB = 1024 ** 3
 
 def per_rank(params: float, ranks: int, how: str, blocks: int = 1) -> dict[str, float]:
     """Peak bytes on one rank, by what they hold, for ``how``: 'ddp', 'ddp-bucket-view', 'fsdp-whole', 'fsdp-blocks'."""
+    held = {"weights": WEIGHT, "gradients": GRAD, "optimizer state": ADAM}
     if how in ("ddp", "ddp-bucket-view"):
-        held = {"weights": WEIGHT, "gradients": GRAD, "optimizer state": ADAM}
-        if how == "ddp":
-            held["DDP buckets"] = BUCKET
-        return {k: v * params for k, v in held.items()}
-    shards = {"weights": WEIGHT * params / ranks, "gradients": GRAD * params / ranks,
-              "optimizer state": ADAM * params / ranks}
-    if how == "fsdp-whole":  # one unit: every weight gathered, every gradient whole before its reduce-scatter
-        return {**shards, "gathered unit (weights + gradients)": (WEIGHT + GRAD) * params}
-    if how == "fsdp-blocks":  # one block gathered at a time
-        return {**shards, "gathered unit (weights + gradients)": (WEIGHT + GRAD) * params / blocks}
-    raise ValueError(f"unknown scheme {how!r}; use 'ddp', 'ddp-bucket-view', 'fsdp-whole' or 'fsdp-blocks'")
+        return {k: v * params for k, v in (held | ({"DDP buckets": BUCKET} if how == "ddp" else {})).items()}
+    if how not in ("fsdp-whole", "fsdp-blocks"):
+        raise ValueError(f"unknown scheme {how!r}; use 'ddp', 'ddp-bucket-view', 'fsdp-whole' or 'fsdp-blocks'")
+    units = 1 if how == "fsdp-whole" else blocks  # the whole model gathered at once, or one block at a time
+    return {**{k: v * params / ranks for k, v in held.items()},
+            "gathered unit (weights + gradients)": (WEIGHT + GRAD) * params / units}
 
 
 LABELS = {"ddp": "DDP", "ddp-bucket-view": "DDP, bucket view", "fsdp-whole": "FSDP, whole model only",

@@ -68,14 +68,15 @@ def figure(states: Sequence[State], cols: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
+    from workshop_lib.figures.plots import _new_figure
+
     n = len(states[0].held)
     rows = -(-len(states) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.45 * cols, 2.45 * rows), squeeze=False)
-    plt.close(fig)  # shown once, by the cell that returns it
+    fig, axes = _new_figure(2.45 * cols, 2.45 * rows, rows, cols)
     cmap = plt.get_cmap("Blues")
-    for ax in axes.flat[len(states):]:
+    for ax in axes[len(states):]:
         ax.axis("off")
-    for ax, st in zip(axes.flat, states, strict=False):
+    for ax, st in zip(axes, states, strict=False):
         received = {(dst, c) for _, dst, c in st.sends}
         for r in range(n):
             for c in range(n):

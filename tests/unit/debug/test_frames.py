@@ -41,15 +41,6 @@ def test_a_renamed_tool_module_still_counts_as_a_tool(tmp_path):
     assert not frames.is_tool(str(LIB / "checkpoint.py"))
 
 
-def _here():
-    return frames.caller()
-
-
-def test_caller_is_the_innermost_frame_outside_the_library():
-    found = _here()
-    assert Path(found.filename).name == "test_frames.py" and found.name == "_here"
-
-
 def test_since_fork_drops_the_kernel_frames_before_a_forked_rank_started():
     stack = traceback.StackSummary.from_list([
         ("/tmp/ipykernel_1/1.py", 3, "<module>", ""), (str(LIB / "launching" / "forklaunch.py"), 70, "_rank_main", ""),

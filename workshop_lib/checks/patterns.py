@@ -9,7 +9,7 @@ import torch
 
 from workshop_lib.debug import collectives
 from workshop_lib.engine.common import CheckFailed, judge_prediction, raised, run_forked, still_todo, verdict
-from workshop_lib.engine.recorder import Collectives, Recorder, _of, recording
+from workshop_lib.engine.recorder import Recorder, _of, recording
 
 LR = 0.5  # plain SGD in the check: unlike AdamW, its step shows a wrongly scaled gradient
 
@@ -108,14 +108,14 @@ def accumulation(train_accumulating: Callable, batches_of: Callable, vocab: int,
 
 @contextlib.contextmanager
 def recording_allreduces(model) -> Iterator[list[dict]]:
-    """The record of the calls in the block (:class:`~workshop_lib.engine.recorder.Collectives`), where every
+    """The record of the calls in the block (:func:`~workshop_lib.debug.collectives.calls`), where every
     all-reduce DDP runs for ``model`` is one, with its backward()'s number: torch's own ``allreduce_hook`` (which
     changes nothing DDP computes) sends each bucket through ``dist.all_reduce``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     model.register_comm_hook(None, default_hooks.allreduce_hook)
     rec = Recorder()
-    with collectives.observing(Collectives(rec)):
+    with collectives.calls(rec.keep):
         yield rec.events
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,44 +24,47 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
+def _last(answer: dict) -> str:
+    last = answer.get("last")
+    return f"its last collective was {called(last)}" if last else "it has entered no numbered collective yet"
+
+
 def explain(rank: int, call: dict, how: str, answers: dict[int, dict], world_size: int,
-            note: str | None = None) -> list[str]:
-    """The lines that explain ``call`` stuck on ``rank``, from every rank's answer (``note``: a line after the first)."""
+            note: str | None = None) -> dict:
+    """Why ``call`` is stuck on ``rank``, from every rank's answer: {"rank", "block": the lines to print (``note``: a
+    line after the first), "missing": the ranks that never arrived, "line": the block in one line, 'rank 0 waits in
+    all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it: it is in all_gather #3 ...'}."""
     name = called(call)
-    lines = [f"rank {rank} {how} in {name} ({call['tensors']}), called at {call['where']}"]
-    missing = []
-    for r in range(world_size):
-        if r == rank:
-            continue
+    lines, missing, instead = [f"rank {rank} {how} in {name} ({call['tensors']}), called at {call['where']}"], [], []
+    for r in (r for r in range(world_size) if r != rank):
         a = answers.get(r)
+        cur = (a or {}).get("current")
         if a is None:
-            missing.append(r)
-            lines.append(f"rank {r} did not answer: it exited, crashed, or is stuck where Python cannot run")
+            doing = "did not answer: it exited, crashed, or is stuck where Python cannot run"
+            line = f"rank {r} {doing}"
+        elif a.get("left"):
+            doing = "has left the job (it called destroy_process_group)"
+            line = f"rank {r} {doing}; {_last(a)}"
+        elif cur and called(cur) == name and cur["tensors"] == call["tensors"]:
+            lines.append(f"rank {r} is in {name} too ({_at(a)})")
             continue
-        cur, last = a["current"], a["last"]
-        last_text = f"its last collective was {called(last)}" if last else \
-            "it has entered no numbered collective yet"
-        if a.get("left"):
-            missing.append(r)
-            lines.append(f"rank {r} has left the job (it called destroy_process_group); {last_text}")
         elif cur and called(cur) == name:
-            if cur["tensors"] != call["tensors"]:
-                missing.append(r)
-                lines.append(f"rank {r} is in {name} too, but with {cur['tensors']} where rank {rank} has "
-                             f"{call['tensors']}: every rank must pass the same shape and dtype")
-            else:
-                lines.append(f"rank {r} is in {name} too ({_at(a)})")
+            doing = (f"but with {cur['tensors']} where rank {rank} has {call['tensors']}: every rank must pass the same "
+                     f"shape and dtype")
+            line = f"rank {r} is in {name} too, {doing}"
         elif cur and cur["kind"] == "backward":
-            missing.append(r)
-            lines.append(f"rank {r} never entered {name}: it is in loss.backward(), where DDP all-reduces the "
-                         f"gradients ({_at(a)}); {last_text}")
+            doing = f"is in loss.backward(), where DDP all-reduces the gradients ({_at(a)})"
+            line = f"rank {r} never entered {name}: it {doing}; {_last(a)}"
         elif cur:
-            missing.append(r)
-            lines.append(f"rank {r} is in {called(cur)} ({cur['tensors']}) at {cur['where']}, not in {name}: the "
-                         f"ranks called different collectives")
+            doing = f"is in {called(cur)} ({cur['tensors']}) at {cur['where']}"
+            line = f"rank {r} {doing}, not in {name}: the ranks called different collectives"
         else:
-            missing.append(r)
-            lines.append(f"rank {r} never entered {name}: it is in {_at(a)}, not in a collective; {last_text}")
+            doing = f"is in {_at(a)}"
+            line = f"rank {r} never entered {name}: it {doing}, not in a collective; {_last(a)}"
+        missing.append(r)
+        instead.append(f"rank {r} is in it too, {doing}" if doing.startswith("but ") else
+                       f"rank {r} never joined it: it {doing}")
+        lines.append(line)
     if missing:
         lines.insert(1, f"never arrived: rank {', '.join(map(str, missing))}")
     if note:
@@ -76,7 +78,8 @@ def explain(rank: int, call: dict, how: str, answers: dict[int, dict], world_siz
         lines.append(f"  rank {r}: {chain}" + (f" > torch {inner}()" if inner else ""))
         if frames and frames[-1][3]:
             lines.append(f"      {frames[-1][0]}:{frames[-1][1]}: {frames[-1][3]}")
-    return lines
+    one = f"rank {rank} waits in {name} (called at {call['where']}); {instead[0]}" if instead else lines[0]
+    return {"rank": rank, "block": lines, "line": one, "missing": missing}
 
 
 def block(lines: Iterable[str]) -> list[str]:
@@ -84,14 +87,12 @@ def block(lines: Iterable[str]) -> list[str]:
     return [line.split(PREFIX, 1)[1] for line in lines if PREFIX in line]
 
 
-def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = (),
-         answers: dict[int, dict] | None = None) -> None:
-    """Add the block ``rank`` printed to the JSON list in ``path`` (replaced whole), with the ranks that had ``left``
-    and what each rank answered (``"answers": {"0": {...}}``: frames, current call, history, backwards)."""
+def save(path: str | Path, report: dict, left: Iterable[int] = (), answers: dict[int, dict] | None = None) -> None:
+    """Add the ``report`` a rank printed (:func:`explain`) to the JSON list in ``path`` (replaced whole), with the
+    ranks it waits for (``waiting_for``: those that had not ``left``) and what each rank answered (``"answers":
+    {"0": {...}}``: frames, current call, history, counts)."""
     path = Path(path)
-    missing = never_arrived(block)
-    blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
-                            "waiting_for": [r for r in missing if r not in set(left)],
+    blocks = [*load(path), {**report, "waiting_for": [r for r in report["missing"] if r not in set(left)],
                             "answers": {str(r): a for r, a in sorted((answers or {}).items())}}]
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
@@ -111,35 +112,6 @@ def missing_rank(path: str | Path) -> str | None:
     """The one line of the first saved block where a rank waits for one still in the job (a hang that will last);
     a rank that has left is not waited for long: its sockets close, and the collective fails."""
     return next((b["line"] for b in load(path) if b["waiting_for"]), None)
-
-
-def never_arrived(block: list[str]) -> list[int]:
-    """The ranks that the block says never arrived."""
-    line = next((x for x in block if x.startswith("never arrived: rank ")), "")
-    return [int(r) for r in line.removeprefix("never arrived: rank ").split(", ") if r.strip().isdigit()]
-
-
-_HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:, called at (.*))?$")
-
-
-def one_line(block: list[str]) -> str:
-    """The block in one line: 'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it:
-    it is in all_gather #3 ...'."""
-    head = block[0] if block else "a rank waits in a collective"
-    missing = next((line for line in block if line.startswith("never arrived: rank ")), "")
-    first = missing.removeprefix("never arrived: rank ").split(",")[0].strip()
-    instead = next((line for line in block[1:] if first and line.startswith(f"rank {first} ")), "")
-    m = _HEAD.match(head)
-    if not (m and instead):
-        return f"{head}; {instead}" if instead else head
-    waiter, call, where = m.groups()
-    doing = instead[len(f"rank {first} "):]
-    doing = re.sub(r"^never entered [^:]+: ", "", doing).split("; ")[0].split(", not in ")[0]
-    joined = "is in it too, but" if " too, but with " in doing else "never joined it:"
-    doing = doing.split(" too, but ")[-1] if " too, but with " in doing else \
-        doing if doing.startswith("it ") else f"it {doing}"
-    return f"rank {waiter} waits in {call}" + (f" (called at {where})" if where else "") + \
-        f"; rank {first} {joined} {doing}"
 
 
 def _counts(answers: dict[int, dict]) -> str | None:

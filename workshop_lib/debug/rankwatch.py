@@ -295,12 +295,12 @@ class Watch:
                 time.sleep(0.05)
         except dist.DistNetworkError:
             pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer
-        lines = explain(self.rank, call, how, answers, self.world_size, note)
+        report = explain(self.rank, call, how, answers, self.world_size, note)
         self.again = (key, 1)  # this rank explained the wait: it says when the wait doubles
-        print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
+        print("\n".join(PREFIX + line for line in report["block"]), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
             try:
-                hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
+                hangreport.save(self.record, report, left=[r for r, a in answers.items() if a.get("left")],
                                 answers=answers)
             except OSError as err:
                 warn(f"could not save the hang record to {self.record} ({type(err).__name__}: {first_line(err)})")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tests.conftest import REPO, cpu_env
 from tests.reliability import RESTARTS
 from workshop_lib.debug import collectives, hangreport, hangwatch, rankwatch
-from workshop_lib.debug.hangreport import explain, one_line
+from workshop_lib.debug.hangreport import explain
 from workshop_lib.launching.launch import torchrun_argv
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
@@ -39,10 +39,10 @@ def test_a_rank_elsewhere_is_named_with_its_function_and_line():
                          current=call("all_reduce", 2), history=[call("all_reduce", 1), call("all_reduce", 2)]),
                1: answer(1, [["t.py", 20, "main", ""], ["t.py", 4, "evaluate", "time.sleep(9)"]],
                          last=call("all_reduce", 1), history=[call("all_reduce", 1)])}
-    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
-    text = "\n".join(lines)
+    report = explain(0, STUCK, "has waited 6 s", answers, 2)
+    lines, text = report["block"], "\n".join(report["block"])
     assert lines[0] == "rank 0 has waited 6 s in all_reduce #2 (float32[3]), called at t.py:9 in train()"
-    assert "never arrived: rank 1" in text
+    assert "never arrived: rank 1" in text and report["missing"] == [1]
     assert "rank 1 never entered all_reduce #2: it is in evaluate() at t.py:4" in text
     assert "its last collective was all_reduce #1" in text
     assert "rank 1: t.py:20 main() > t.py:4 evaluate()" in text
@@ -52,19 +52,20 @@ def test_different_shapes_and_different_ops_are_told_apart():
     mine = call("all_reduce", 2)
     shapes = {0: answer(0, [], current=mine, history=[mine]),
               1: answer(1, [], current=call("all_reduce", 2, "float32[1]"), history=[call("all_reduce", 2, "float32[1]")])}
-    text = "\n".join(explain(0, STUCK, "has waited 6 s", shapes, 2))
+    text = "\n".join(explain(0, STUCK, "has waited 6 s", shapes, 2)["block"])
     assert "with float32[1] where rank 0 has float32[3]" in text and "same shape and dtype" in text
     assert "first differ (op, tensors or call site) at #2" in text
     ops = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
     assert "rank 1 is in all_gather #2 (float32[3]) at t.py:7 in f(), not in all_reduce #2" in "\n".join(
-        explain(0, STUCK, "has waited 6 s", ops, 2))
+        explain(0, STUCK, "has waited 6 s", ops, 2)["block"])
 
 
 def test_ranks_that_left_in_backward_or_silent_are_each_explained():
     answers = {0: answer(0, []), 1: answer(1, [], left=True, last=call("all_gather", 7)),
                2: answer(2, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", None, "DDP's buckets"))}
-    text = "\n".join(explain(0, STUCK, "has waited 6 s", answers, 4))
-    assert "never arrived: rank 1, 2, 3" in text
+    report = explain(0, STUCK, "has waited 6 s", answers, 4)
+    text = "\n".join(report["block"])
+    assert "never arrived: rank 1, 2, 3" in text and report["missing"] == [1, 2, 3]
     assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_gather #7" in text
     assert "rank 2 never entered all_reduce #2: it is in loss.backward()" in text
     assert "rank 3 did not answer" in text
@@ -73,19 +74,19 @@ def test_ranks_that_left_in_backward_or_silent_are_each_explained():
 def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
     mine = call("all_reduce", 2)
     elsewhere = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", elsewhere, 2)) == (
+    assert explain(0, STUCK, "has waited 6 s", elsewhere, 2)["line"] == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "all_gather #2 (float32[3]) at t.py:7 in f()")
     backward = {0: answer(0, [], current=mine),
                 1: answer(1, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", None, "DDP's buckets"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", backward, 2)) == (
+    assert explain(0, STUCK, "has waited 6 s", backward, 2)["line"] == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "loss.backward(), where DDP all-reduces the gradients (step() at t.py:3)")
     left = {0: answer(0, [], current=mine), 1: answer(1, [], left=True)}
-    assert one_line(explain(0, STUCK, "has waited 6 s", left, 2)).endswith(
+    assert explain(0, STUCK, "has waited 6 s", left, 2)["line"].endswith(
         "rank 1 never joined it: it has left the job (it called destroy_process_group)")
     shapes = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_reduce", 2, "float32[1]"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", shapes, 2)).endswith(
+    assert explain(0, STUCK, "has waited 6 s", shapes, 2)["line"].endswith(
         "rank 1 is in it too, but with float32[1] where rank 0 has float32[3]: every rank must pass the same "
         "shape and dtype")
 
@@ -106,9 +107,9 @@ def counted(rank, counts, **kw):
 ])
 def test_the_ranks_counts_of_calls_are_printed_where_they_differ(counts, said):
     answers = {r: counted(r, c, current=call("all_reduce", 2) if r == 0 else None) for r, c in enumerate(counts)}
-    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
-    assert [line for line in lines if line.startswith("calls entered")] == ([said] if said else [])
-    assert one_line(lines) == one_line([x for x in lines if not x.startswith("calls entered")])  # the one line as before
+    report = explain(0, STUCK, "has waited 6 s", answers, 2)
+    assert [line for line in report["block"] if line.startswith("calls entered")] == ([said] if said else [])
+    assert "calls entered" not in report["line"]  # the one line as before
 
 
 def test_the_schedule_of_reports_doubles_the_wait():
@@ -208,6 +209,21 @@ def test_a_watch_that_fails_says_so_in_one_line_except_when_the_store_is_gone(gr
     assert not watch.thread.is_alive()
     lines = capsys.readouterr().err.splitlines()
     assert lines == ([hangwatch.WARNING + said] if said else [])
+
+
+def test_a_recorder_beside_the_watch_keeps_the_watchs_record_the_same_entry_for_both(group_of_two):
+    """The checker's runner and the notebooks' ranks run both in a rank: one wrapper, one record, each call's entry
+    in the recorder's events and in what the watch answers."""
+    from workshop_lib.engine import recorder
+
+    watch = hangwatch.install(dist.HashStore(), threshold=60, poll=60)
+    wrapped, rec = dist.all_reduce, recorder.Recorder()
+    with recorder.recording(rec):
+        assert dist.all_reduce is wrapped  # no second wrapper
+        dist.all_reduce(torch.ones(3))
+    enters = [e for e in rec.events if e["kind"] == "collective" and e["phase"] == "enter"]
+    assert len(enters) == 1 and watch.calls.recent[-1] is enters[0] and enters[0]["before"] == [1.0, 1.0, 1.0]
+    assert json.loads(watch.where(1))["history"][-1]["line"] == enters[0]["line"]  # the recorder's line, in the answer
 
 
 def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_printed(group_of_two, tmp_path,

@@ -103,10 +103,6 @@ class Watch:
     # --------------------------------------------------------------- the main thread's side: a follower of the
     # rank's record of calls, told each call that ends
     @property
-    def current(self) -> dict | None:
-        return self.calls.current
-
-    @property
     def saw_group(self) -> bool:
         """Whether the record saw init_process_group called: the group's timeout is known."""
         return collectives.INIT in self.calls.latest
@@ -194,7 +190,7 @@ class Watch:
             if asked > self.answered:
                 self.answered = asked
                 store.set(f"where/{self.rank}", self.where(asked))
-            call = self.current or self.unfinished_on_gpu()
+            call = self.calls.current or self.unfinished_on_gpu()
             if call is not None:
                 self.speak(call, time.time(), store)
 
@@ -206,7 +202,7 @@ class Watch:
             return
         key = (call["name"], call.get("seq"), call["t"])
         if key not in self.reported:
-            on_gpu = " for the GPU to finish it" if call is not self.current else ""
+            on_gpu = " for the GPU to finish it" if call is not self.calls.current else ""
             self.explain(call, f"has waited {waited:.0f} s{on_gpu}", store, note=self.note())
         elif self.again and self.again[0] == key and waited >= report_at(self.threshold, self.again[1]):
             self.again = (key, self.again[1] + 1)
@@ -242,7 +238,7 @@ class Watch:
         frame = sys._current_frames().get(self.main)
         found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
-                           "current": self.current or self.unfinished_on_gpu(), "left": self.left,
+                           "current": self.calls.current or self.unfinished_on_gpu(), "left": self.left,
                            "last": self.calls.last(), "counts": self.calls.counts(),
                            "history": list(self.calls.recent)}, default=str)
 

@@ -32,7 +32,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
                "reduce_scatter_tensor", "reduce", "gather", "scatter", "all_to_all", "all_to_all_single", "barrier",
                "monitored_barrier", "all_gather_object", "broadcast_object_list", "gather_object",
                "scatter_object_list", "send", "recv")
-BACKWARD = "backward"  # the op name observers see for torch.autograd.backward
+BACKWARD = "backward"  # the name a record gives torch.autograd.backward
 DDP_FORWARD = "DDP.forward"  # DistributedDataParallel.forward, observed where it broadcasts the buffers first
 INIT = "init_process_group"
 HISTORY = 64  # the calls a record keeps for the hang watch, to find where the ranks' calls first differ
@@ -96,12 +96,12 @@ def facts(op: str, args: tuple, kwargs: dict) -> dict:
 
 def joined(args: tuple, kwargs: dict) -> dict:
     """What ``init_process_group`` was given: ``backend`` (as text, "None" left out), ``store`` (given or not),
-    ``timeout`` (seconds; None left out) and, where given, ``given_rank``, ``given_world_size``, ``given_init_method``
-    and ``given_device_id`` (as text), positional or not."""
+    ``timeout`` (seconds; None left out; as given where it is no timedelta, which torch refuses) and, where given,
+    ``given_rank``, ``given_world_size``, ``given_init_method`` and ``given_device_id`` (as text), positional or not."""
     given = _given(INIT, args, kwargs)
     timeout = given.get("timeout")
     return {"backend": str(given.get("backend")), "store": "store" in given,
-            "timeout": timeout.total_seconds() if isinstance(timeout, timedelta) else timeout and str(timeout),
+            "timeout": timeout.total_seconds() if isinstance(timeout, timedelta) else timeout,
             **{f"given_{k}": str(given[k]) if k == "device_id" else given[k]
                for k in ("rank", "world_size", "device_id", "init_method") if k in given}}
 

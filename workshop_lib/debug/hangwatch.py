@@ -33,7 +33,7 @@ from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line
 
-__all__ = ["AFTER_VARIABLE", "WARNING", "Watch", "attach", "detach", "install", "uninstall", "warn"]
+__all__ = ["AFTER_VARIABLE", "WARNING", "Watch", "attach", "detach", "install", "warn"]
 
 AFTER_VARIABLE = "WORKSHOP_HANG_AFTER"  # seconds a collective may wait: the same as ``--after``
 
@@ -127,6 +127,3 @@ def detach() -> None:
         except Exception as err:
             if not store_gone(err):
                 warn(f"rank {watch.rank} could not say that it left ({type(err).__name__}: {first_line(err)})")
-
-
-uninstall = detach  # the name the checks use

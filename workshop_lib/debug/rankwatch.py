@@ -90,7 +90,7 @@ class Watch:
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
         self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
         self.hosts_store = False  # rank 0 hosts the rendezvous store (no agent store): it waits for the others
-        self.queued: collections.deque = collections.deque(maxlen=64)  # (call, CUDA event) not known finished
+        self.queued: collections.deque = collections.deque(maxlen=collectives.HISTORY)  # (call, CUDA event) unfinished
         self.reported: set = set()  # (name, seq, t) of the waits already explained
         self.again: tuple[tuple, int] | None = None  # (the wait this rank explained, its next report's number)
         self.main = threading.main_thread().ident

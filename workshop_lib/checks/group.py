@@ -12,7 +12,7 @@ import torch
 from workshop_lib.debug import collectives
 from workshop_lib.engine import rules
 from workshop_lib.engine.common import HANG_AFTER, first, judge_prediction, run_forked, said, still_todo, verdict
-from workshop_lib.engine.recorder import Collectives, Recorder, _of
+from workshop_lib.engine.recorder import Recorder, _of
 
 
 def _recorded(fn: Callable, device: torch.device) -> tuple[str, list[dict]]:
@@ -20,7 +20,7 @@ def _recorded(fn: Callable, device: torch.device) -> tuple[str, list[dict]]:
     the cause) and the record."""
     rec = Recorder()
     try:
-        with collectives.observing(Collectives(rec)):
+        with collectives.calls(rec.keep):
             fn(device)
         return "ok", rec.events
     except NotImplementedError:

@@ -102,7 +102,7 @@ def stops(run: Run) -> dict[int, tuple[str, int, str]]:
         now = answer.get("current") or {}
         if mine:
             line = mine[-1][1] - (before if mine[-1][0] != TRAIN_CELL else 0)
-            call = call_named(now.get("op", "")) or call_named(answer.get("inner") or "") or ""
+            call = call_named(now.get("name", "")) or call_named(answer.get("inner") or "") or ""
             found[rank] = (call, line, mine[-1][3].split("  # ")[0])
     return found
 

@@ -159,7 +159,7 @@ def _measured(returned: list[dict]) -> list[dict]:
 def deadlocked(record: list[dict]) -> bool:
     """Every rank in a call, not all in the same one: a deadlock (else a rank was only slow to come, the machine busy)."""
     now = [a.get("current") for a in sequences.answers(record).values()]
-    calls = {(c["op"], c["seq"], c["tensors"]) for c in now if c}
+    calls = {(c["name"], c.get("seq"), c["tensors"]) for c in now if c}
     return all(now) and len(calls) > 1
 
 

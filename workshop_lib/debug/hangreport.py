@@ -1,60 +1,22 @@
-"""The hang watch's record: the collective a rank is in (:class:`Call`), and the block it prints from every rank's
-answer (:func:`explain`: who never arrived, where each rank is, and each rank's count of calls where the counts
-differ), saved as JSON for the checks and figures.
+"""The hang watch's block, from every rank's answer (:func:`explain`: who never arrived, where each rank is, and each
+rank's count of calls where the counts differ; each call an entry of the rank's record of calls,
+:func:`~workshop_lib.debug.collectives.entry`), saved as JSON for the checks and figures.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import sys
 import tempfile
-import traceback
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from workshop_lib.debug import collectives, frames
+from workshop_lib.debug import collectives
+from workshop_lib.debug.collectives import called
 
 PREFIX = "hangwatch: "  # starts every line of the block that a rank prints
 POINT_TO_POINT = ("send", "recv")  # not every rank calls them: left out of the ranks' counts
 RECORD_VARIABLE = "WORKSHOP_HANG_RECORD"  # a JSON file where the watch also saves its block (set by the launchers)
-
-
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # workshop_lib/debug/
-
-
-@dataclass
-class Call:
-    """One collective as this rank entered it."""
-
-    op: str  # "all_reduce", "backward" (DDP's C++ all-reduce), "DDP.forward" (its buffer broadcast), ...
-    seq: int  # this rank's count of observed collectives, 1-based; 0 for backward
-    tensors: str  # "float32[3]", "2 tensors", ...
-    since: float  # time.time() when it was entered
-    where: str  # "file.py:41 in train()", the caller outside torch
-    gpu: bool = False  # on CUDA tensors: Python returns once it is queued; the GPU may still wait
-    backwards: int = 0  # the backward() calls this rank had entered by then (a backward's own number)
-
-    def name(self) -> str:
-        return "loss.backward()" if self.op == "backward" else f"{self.op} #{self.seq}"
-
-
-def user_frames(frame) -> tuple[list[list], str]:
-    """([file, line, function, code] of the learner's frames, outermost first; the innermost library function)."""
-    stack = frames.since_fork(traceback.extract_stack(frame))
-    while stack and stack[-1].filename.startswith(_HERE):  # the watch itself (a rank explaining from its main thread)
-        stack.pop()
-    inner = stack[-1].name if stack and frames.is_library(stack[-1].filename) else ""
-    return [[frames.short(f.filename), f.lineno, f.name, (f.line or "").strip()] for f in frames.users(stack)], inner
-
-
-def caller() -> str:
-    """'f.py:25 in g()', and where g was called from, for the code that called the collective."""
-    mine, _ = user_frames(sys._getframe(2))
-    sites = [f"{f}:{n} in {fn}()" for f, n, fn, _ in mine[-2:]]
-    return ", from ".join(reversed(sites)) or "?"
 
 
 def _at(answer: dict) -> str:
@@ -62,43 +24,47 @@ def _at(answer: dict) -> str:
     return f"{frames[-1][2]}() at {frames[-1][0]}:{frames[-1][1]}" if frames else "outside any Python frame"
 
 
-def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_size: int,
-            note: str | None = None) -> list[str]:
-    """The lines that explain ``call`` stuck on ``rank``, from every rank's answer (``note``: a line after the first)."""
-    lines = [f"rank {rank} {how} in {call.name()} ({call.tensors})" + (f", called at {call.where}" if call.where else "")]
-    missing = []
-    for r in range(world_size):
-        if r == rank:
-            continue
+def _last(answer: dict) -> str:
+    last = answer.get("last")
+    return f"its last collective was {called(last)}" if last else "it has entered no numbered collective yet"
+
+
+def explain(rank: int, call: dict, how: str, answers: dict[int, dict], world_size: int,
+            note: str | None = None) -> dict:
+    """Why ``call`` is stuck on ``rank``, from every rank's answer: {"rank", "block": the lines to print (``note``: a
+    line after the first), "missing": the ranks that never arrived, "line": the block in one line, 'rank 0 waits in
+    all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it: it is in all_gather #3 ...'}."""
+    name = called(call)
+    lines, missing, instead = [f"rank {rank} {how} in {name} ({call['tensors']}), called at {call['where']}"], [], []
+    for r in (r for r in range(world_size) if r != rank):
         a = answers.get(r)
+        cur = (a or {}).get("current")
         if a is None:
-            missing.append(r)
-            lines.append(f"rank {r} did not answer: it exited, crashed, or is stuck where Python cannot run")
+            doing = "did not answer: it exited, crashed, or is stuck where Python cannot run"
+            line = f"rank {r} {doing}"
+        elif a.get("left"):
+            doing = "has left the job (it called destroy_process_group)"
+            line = f"rank {r} {doing}; {_last(a)}"
+        elif cur and called(cur) == name and cur["tensors"] == call["tensors"]:
+            lines.append(f"rank {r} is in {name} too ({_at(a)})")
             continue
-        cur, last = a["current"], a["last"]
-        last_text = f"its last collective was {last['op']} #{last['seq']}" if last else \
-            "it has entered no numbered collective yet"
-        if a.get("left"):
-            missing.append(r)
-            lines.append(f"rank {r} has left the job (it called destroy_process_group); {last_text}")
-        elif cur and cur["op"] == call.op and cur["seq"] == call.seq:
-            if cur["tensors"] != call.tensors:
-                missing.append(r)
-                lines.append(f"rank {r} is in {call.name()} too, but with {cur['tensors']} where rank {rank} has "
-                             f"{call.tensors}: every rank must pass the same shape and dtype")
-            else:
-                lines.append(f"rank {r} is in {call.name()} too ({_at(a)})")
-        elif cur and cur["op"] == "backward":
-            missing.append(r)
-            lines.append(f"rank {r} never entered {call.name()}: it is in loss.backward(), where DDP all-reduces the "
-                         f"gradients ({_at(a)}); {last_text}")
+        elif cur and called(cur) == name:
+            doing = (f"but with {cur['tensors']} where rank {rank} has {call['tensors']}: every rank must pass the same "
+                     f"shape and dtype")
+            line = f"rank {r} is in {name} too, {doing}"
+        elif cur and cur["kind"] == "backward":
+            doing = f"is in loss.backward(), where DDP all-reduces the gradients ({_at(a)})"
+            line = f"rank {r} never entered {name}: it {doing}; {_last(a)}"
         elif cur:
-            missing.append(r)
-            lines.append(f"rank {r} is in {cur['op']} #{cur['seq']} ({cur['tensors']}) at {cur['where']}, not in "
-                         f"{call.name()}: the ranks called different collectives")
+            doing = f"is in {called(cur)} ({cur['tensors']}) at {cur['where']}"
+            line = f"rank {r} {doing}, not in {name}: the ranks called different collectives"
         else:
-            missing.append(r)
-            lines.append(f"rank {r} never entered {call.name()}: it is in {_at(a)}, not in a collective; {last_text}")
+            doing = f"is in {_at(a)}"
+            line = f"rank {r} never entered {name}: it {doing}, not in a collective; {_last(a)}"
+        missing.append(r)
+        instead.append(f"rank {r} is in it too, {doing}" if doing.startswith("but ") else
+                       f"rank {r} never joined it: it {doing}")
+        lines.append(line)
     if missing:
         lines.insert(1, f"never arrived: rank {', '.join(map(str, missing))}")
     if note:
@@ -112,7 +78,8 @@ def explain(rank: int, call: Call, how: str, answers: dict[int, dict], world_siz
         lines.append(f"  rank {r}: {chain}" + (f" > torch {inner}()" if inner else ""))
         if frames and frames[-1][3]:
             lines.append(f"      {frames[-1][0]}:{frames[-1][1]}: {frames[-1][3]}")
-    return lines
+    one = f"rank {rank} waits in {name} (called at {call['where']}); {instead[0]}" if instead else lines[0]
+    return {"rank": rank, "block": lines, "line": one, "missing": missing}
 
 
 def block(lines: Iterable[str]) -> list[str]:
@@ -120,14 +87,12 @@ def block(lines: Iterable[str]) -> list[str]:
     return [line.split(PREFIX, 1)[1] for line in lines if PREFIX in line]
 
 
-def save(path: str | Path, rank: int, block: list[str], left: Iterable[int] = (),
-         answers: dict[int, dict] | None = None) -> None:
-    """Add the block ``rank`` printed to the JSON list in ``path`` (replaced whole), with the ranks that had ``left``
-    and what each rank answered (``"answers": {"0": {...}}``: frames, current call, history, backwards)."""
+def save(path: str | Path, report: dict, left: Iterable[int] = (), answers: dict[int, dict] | None = None) -> None:
+    """Add the ``report`` a rank printed (:func:`explain`) to the JSON list in ``path`` (replaced whole), with the
+    ranks it waits for (``waiting_for``: those that had not ``left``) and what each rank answered (``"answers":
+    {"0": {...}}``: frames, current call, history, counts)."""
     path = Path(path)
-    missing = never_arrived(block)
-    blocks = [*load(path), {"rank": rank, "block": block, "line": one_line(block), "missing": missing,
-                            "waiting_for": [r for r in missing if r not in set(left)],
+    blocks = [*load(path), {**report, "waiting_for": [r for r in report["missing"] if r not in set(left)],
                             "answers": {str(r): a for r, a in sorted((answers or {}).items())}}]
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
@@ -149,35 +114,6 @@ def missing_rank(path: str | Path) -> str | None:
     return next((b["line"] for b in load(path) if b["waiting_for"]), None)
 
 
-def never_arrived(block: list[str]) -> list[int]:
-    """The ranks that the block says never arrived."""
-    line = next((x for x in block if x.startswith("never arrived: rank ")), "")
-    return [int(r) for r in line.removeprefix("never arrived: rank ").split(", ") if r.strip().isdigit()]
-
-
-_HEAD = re.compile(r"^rank (\d+) .+? in (\S+ #\d+|loss\.backward\(\)) \(.*?\)(?:, called at (.*))?$")
-
-
-def one_line(block: list[str]) -> str:
-    """The block in one line: 'rank 0 waits in all_reduce #3 (called at f.py:56 in mean()); rank 1 never joined it:
-    it is in all_gather #3 ...'."""
-    head = block[0] if block else "a rank waits in a collective"
-    missing = next((line for line in block if line.startswith("never arrived: rank ")), "")
-    first = missing.removeprefix("never arrived: rank ").split(",")[0].strip()
-    instead = next((line for line in block[1:] if first and line.startswith(f"rank {first} ")), "")
-    m = _HEAD.match(head)
-    if not (m and instead):
-        return f"{head}; {instead}" if instead else head
-    waiter, call, where = m.groups()
-    doing = instead[len(f"rank {first} "):]
-    doing = re.sub(r"^never entered [^:]+: ", "", doing).split("; ")[0].split(", not in ")[0]
-    joined = "is in it too, but" if " too, but with " in doing else "never joined it:"
-    doing = doing.split(" too, but ")[-1] if " too, but with " in doing else \
-        doing if doing.startswith("it ") else f"it {doing}"
-    return f"rank {waiter} waits in {call}" + (f" (called at {where})" if where else "") + \
-        f"; rank {first} {joined} {doing}"
-
-
 def _counts(answers: dict[int, dict]) -> str | None:
     """'calls entered so far: rank 0: 9 all_reduce, 8 backward; rank 1: 8 all_reduce, 8 backward (every rank must
     ...)', where the ranks' counts (each answer's ``counts``) of collectives and backward passes differ."""
@@ -197,14 +133,14 @@ def _counts(answers: dict[int, dict]) -> str | None:
 
 def _first_difference(answers: dict[int, dict]) -> str | None:
     """'the ranks' collectives first differ at #n: rank 0 all_gather at f.py:9, rank 1 all_reduce at f.py:7'."""
-    by_seq = {r: {c["seq"]: c for c in a.get("history", [])} for r, a in answers.items()}
+    by_seq = {r: {c["seq"]: c for c in a.get("history", []) if c.get("seq")} for r, a in answers.items()}
     common = sorted(set.intersection(*(set(calls) for calls in by_seq.values()))) if by_seq else []
-    # the calls every rank remembers and has entered, compared by op, tensors and call site
-    i = collectives.first_difference({r: [(calls[s]["op"], calls[s]["tensors"], calls[s]["where"]) for s in common]
+    # the numbered calls every rank remembers and has entered, compared by name, tensors and call site
+    i = collectives.first_difference({r: [(calls[s]["name"], calls[s]["tensors"], calls[s]["where"]) for s in common]
                                       for r, calls in by_seq.items()})
     if i is None:
         return None
-    each = ", ".join(f"rank {r} {c['op']} ({c['tensors']}) at {c['where']}"
+    each = ", ".join(f"rank {r} {c['name']} ({c['tensors']}) at {c['where']}"
                      for r, c in sorted((r, calls[common[i]]) for r, calls in by_seq.items()))
     return f"the ranks' collectives first differ (op, tensors or call site) at #{common[i]}: {each}"
 

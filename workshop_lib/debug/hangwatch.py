@@ -1,17 +1,18 @@
 """Where is every rank when a collective hangs? A watch attached from outside, on gloo and nccl alike.
 
 ``python -m workshop_lib.watch script.py`` (:mod:`workshop_lib.watch`) calls :func:`attach`; the script holds
-no line of it. Each rank observes its collectives (:mod:`workshop_lib.debug.collectives`: the Python ones,
-``loss.backward()`` inside which DDP all-reduces in C++, and DDP's ``forward`` where it broadcasts the buffers).
-A daemon thread answers the other ranks through its own client of the rendezvous store; when a collective has
-waited ``threshold`` seconds, or failed, the rank asks every rank where it is and prints one block
+no line of it. Each rank reads its record of calls (:func:`workshop_lib.debug.collectives.calls`: the Python
+collectives, ``loss.backward()`` inside which DDP all-reduces in C++, DDP's ``forward`` where it broadcasts the
+buffers, ``init_process_group``), the one the checker's recorder keeps too where both run. A daemon thread answers
+the other ranks through its own client of the rendezvous store; when a collective has waited ``threshold`` seconds,
+or failed, the rank asks every rank where it is and prints one block
 (:mod:`workshop_lib.debug.hangreport`). On CUDA (NCCL) a collective queued but not finished on the GPU within
 ``threshold`` is reported too. ``faulthandler`` on SIGUSR1 serves ``python -m workshop_lib.diagnose``. When the
 watch fails it prints one ``hangwatch warning:`` line and the job runs on unwatched. The per-rank side is
 :class:`~workshop_lib.debug.rankwatch.Watch`. The default threshold is a quarter of the group's timeout, at most a
-minute (a minute with torch's default timeouts): the timeout the script passes to ``init_process_group``, seen through a
-call-through wrapper (``unittest.mock.patch.object``) when the watch attaches before the script runs, else torch's
-documented default (:func:`rankwatch.default_threshold`). With it the block also says that a report is not a failure.
+minute (a minute with torch's default timeouts): the timeout the script passes to ``init_process_group``, in the
+record when the watch attaches before the script runs, else torch's documented default
+(:func:`rankwatch.default_threshold`). With it the block also says that a report is not a failure.
 The rank that printed the block adds one line each time the wait doubles (:func:`rankwatch.report_at`).
 """
 
@@ -24,22 +25,20 @@ import os
 import signal
 import sys
 import threading
-from unittest import mock
 
 import torch.distributed as dist
 
 from workshop_lib.debug import collectives
-from workshop_lib.debug.hangreport import Call
 from workshop_lib.debug.launchenv import read_launch_env
-from workshop_lib.debug.rankwatch import WARNING, Watch, init_timeout, store_gone, warn
+from workshop_lib.debug.rankwatch import WARNING, Watch, store_gone, warn
 from workshop_lib.errors import WorkshopError, first_line
 
-__all__ = ["AFTER_VARIABLE", "WARNING", "Call", "Watch", "attach", "detach", "install", "uninstall", "warn"]
+__all__ = ["AFTER_VARIABLE", "WARNING", "Watch", "attach", "detach", "install", "warn"]
 
 AFTER_VARIABLE = "WORKSHOP_HANG_AFTER"  # seconds a collective may wait: the same as ``--after``
 
 _watch: Watch | None = None
-_patches = contextlib.ExitStack()  # what attach observes besides the collectives, until detach
+_record = contextlib.ExitStack()  # the watch's use of the rank's record of calls, until detach
 _count = 0  # watches started in this process: each talks under its own prefix of the store
 
 
@@ -71,11 +70,7 @@ def attach(threshold: float | None = None, record: str | None = None, poll: floa
         return None
     if launch.world_size < 2:
         return None
-    watch = _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
-    if threshold is None:  # a quarter of the timeout the script will give its group: see it given
-        _patches.enter_context(mock.patch.object(dist, "init_process_group",
-                                                 new=init_timeout(watch, dist.init_process_group)))
-    return watch
+    return _start(Watch(threshold, poll, record, prefix=f"hangwatch/{launch.restart_count}/{_count + 1}"))
 
 
 def install(store: dist.Store, threshold: float | None = None, poll: float = 0.5,
@@ -99,7 +94,8 @@ def _start(watch: Watch) -> Watch:
     detach()
     _count += 1
     _watch = watch
-    collectives.add(watch)
+    watch.calls = _record.enter_context(collectives.calls())
+    watch.calls.followers.append(watch)
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         faulthandler.register(signal.SIGUSR1, file=_stderr_fd(), all_threads=True)  # kill -USR1 PID: the stacks
     if _count == 1:
@@ -109,16 +105,18 @@ def _start(watch: Watch) -> Watch:
 
 
 def detach() -> None:
-    """Stop the watch: the rank's last answer says it left, and torch.distributed's functions are torch's own again."""
+    """Stop the watch: the rank's last answer says it left, and torch.distributed's functions are torch's own again
+    (unless a recorder still keeps the record)."""
     global _watch
     watch, _watch = _watch, None
     if watch is None:
         return
-    _patches.close()  # init_process_group is torch's own again
     watch.stop.set()
     if watch.thread.is_alive() and watch.thread is not threading.current_thread():
         watch.thread.join(timeout=2 * watch.poll + 1)
-    collectives.remove(watch)
+    if watch in watch.calls.followers:
+        watch.calls.followers.remove(watch)
+    _record.close()
     if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
         faulthandler.unregister(signal.SIGUSR1)
     if watch.joined.is_set():
@@ -129,6 +127,3 @@ def detach() -> None:
         except Exception as err:
             if not store_gone(err):
                 warn(f"rank {watch.rank} could not say that it left ({type(err).__name__}: {first_line(err)})")
-
-
-uninstall = detach  # the name the checks use

@@ -1,23 +1,20 @@
-"""The hang watch's per-rank side (:class:`Watch`): what this rank is in, its daemon thread, and the diagnosis.
+"""The hang watch's per-rank side (:class:`Watch`): its daemon thread, and the diagnosis.
 
-:mod:`workshop_lib.debug.hangwatch` starts and stops it. ``enter`` and ``leave`` run around every collective
-(:mod:`workshop_lib.debug.collectives`); the thread answers the other ranks through its own client of the
-rendezvous store and, when a collective waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`),
-then one short line each time the wait doubles (:func:`report_at`), until the call ends or the group's timeout fails it.
+:mod:`workshop_lib.debug.hangwatch` starts and stops it. It reads the rank's record of calls
+(:class:`~workshop_lib.debug.collectives.Record`, which the checker's recorder shares) and is told each call that ends
+(``ended``); the thread answers the other ranks through its own client of the rendezvous store and, when a collective
+waits too long, prints one block (:mod:`workshop_lib.debug.hangreport`), then one short line each time the wait
+doubles (:func:`report_at`), until the call ends or the group's timeout fails it.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import functools
-import inspect
 import json
 import os
 import sys
 import threading
 import time
-from dataclasses import asdict
 from datetime import timedelta
 
 import torch
@@ -25,12 +22,12 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_nccl_timeout, default_pg_timeout
 
 from workshop_lib.debug import collectives, hangreport
-from workshop_lib.debug.hangreport import PREFIX, Call, caller, explain, user_frames
+from workshop_lib.debug.collectives import called, user_frames
+from workshop_lib.debug.hangreport import PREFIX, explain
 from workshop_lib.debug.launchenv import read_launch_env
 from workshop_lib.errors import first_line, first_sentence
 
 WARNING = "hangwatch warning: "  # starts the one line the watch prints when it fails (not part of a block)
-HISTORY = 64  # collectives each rank remembers, to find the first one where the ranks differ
 LEFT = 2**62  # the "asked" number of a rank's answer once it has left: it answers every question
 CONNECT_TIMEOUT = timedelta(seconds=30)
 AFTER = 60.0  # the longest default threshold (s): a learner's job without --after hears of a wait within a minute
@@ -79,19 +76,6 @@ def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-def init_timeout(watch: Watch, real):
-    """A call-through wrapper of ``dist.init_process_group`` (``real``) that notes the ``timeout`` the script
-    passes in ``watch.group_timeout``, for the default threshold (:func:`default_threshold`)."""
-    @functools.wraps(real)
-    def init_process_group(*args, **kwargs):
-        with contextlib.suppress(TypeError):  # arguments torch refuses: its own error says so, below
-            watch.group_timeout = inspect.signature(real).bind(*args, **kwargs).arguments.get("timeout")
-            watch.saw_group = True
-        return real(*args, **kwargs)
-
-    return init_process_group
-
-
 class Watch:
     """The per-rank state and its daemon thread; see :func:`~workshop_lib.debug.hangwatch.attach` and ``install``."""
 
@@ -100,19 +84,14 @@ class Watch:
         self.given, self.prefix = store, prefix  # install's store; attach connects to torchrun's itself
         self.threshold, self.poll = threshold, poll
         self.own_threshold = threshold is None  # nobody chose it: the full block says what a report means
-        self.group_timeout: timedelta | None = None  # what the script passed to init_process_group, where seen
-        self.saw_group = False  # the watch saw init_process_group called: the group's timeout is known
+        self.calls = collectives.Record()  # the rank's record of calls, which it reads (its own until started)
         self.record = record or os.environ.get(hangreport.RECORD_VARIABLE) or None  # where the block is saved too
         self.rank, self.world_size = -1, 0  # known once the group exists
         self.main_store: dist.Store | None = None  # the main thread's connection (a failed collective asks)
         self.thread_store: dist.Store | None = None  # the thread's own: never shares a socket with the main thread
         self.hosts_store = False  # rank 0 hosts the rendezvous store (no agent store): it waits for the others
-        self.seq, self.current, self.last = 0, None, None
-        self.backwards = 0  # backward() calls entered: under DDP, one gradient all-reduce each
-        self.counts: collections.Counter = collections.Counter()  # calls entered, by op (backward included)
-        self.history: collections.deque = collections.deque(maxlen=HISTORY)  # the last collectives entered
-        self.queued: collections.deque = collections.deque(maxlen=HISTORY)  # (Call, CUDA event) not known finished
-        self.reported: set = set()  # (op, seq, since) of the waits already explained
+        self.queued: collections.deque = collections.deque(maxlen=collectives.HISTORY)  # (call, CUDA event) unfinished
+        self.reported: set = set()  # (name, seq, t) of the waits already explained
         self.again: tuple[tuple, int] | None = None  # (the wait this rank explained, its next report's number)
         self.main = threading.main_thread().ident
         self.stop = threading.Event()
@@ -121,43 +100,34 @@ class Watch:
         self.answered, self.left, self.said_left = 0, False, False
         self.thread = threading.Thread(target=self._run, name="hangwatch", daemon=True)
 
-    # --------------------------------------------------------------- the main thread's side (an observer of
-    # workshop_lib.debug.collectives: enter and leave run around every collective)
-    def enter(self, op: str, args: tuple, kwargs: dict) -> Call | None:
-        if threading.get_ident() != self.main:
-            return None
-        if self.world_size == 0 and dist.is_initialized():
-            self.join()  # the first collective of a new group: connect now, not up to a poll later
-        facts = collectives.facts(op, args, kwargs)  # what the record says of each call too
-        gpu = facts["device"] == "cuda"
-        self.counts[op] += 1
-        if op == "backward":  # not a collective of its own: DDP's all-reduces run inside it, in C++
-            self.backwards += 1
-            self.current = Call(op, 0, "DDP's gradient buckets", time.time(), caller(), gpu, self.backwards)
-        else:
-            self.seq += 1
-            tensors = collectives.ddp_broadcasts(args[0]) or "" if op == collectives.DDP_FORWARD else \
-                collectives.said(facts)
-            self.current = Call(op, self.seq, tensors, time.time(), caller(), gpu, self.backwards)
-            self.history.append(self.current)
-        return self.current
+    # --------------------------------------------------------------- the main thread's side: a follower of the
+    # rank's record of calls, told each call that ends
+    @property
+    def saw_group(self) -> bool:
+        """Whether the record saw init_process_group called: the group's timeout is known."""
+        return collectives.INIT in self.calls.latest
 
-    def leave(self, call: Call | None, err: BaseException | None) -> None:
-        if call is None:
+    @property
+    def group_timeout(self) -> timedelta | None:
+        """The timeout the script gave init_process_group, where the record saw it (else None)."""
+        seconds = self.calls.latest.get(collectives.INIT, {}).get("timeout")
+        return timedelta(seconds=seconds) if isinstance(seconds, float) else None
+
+    def ended(self, call: dict, err: BaseException | None) -> None:
+        if call["kind"] == "init":
+            if err is None:
+                self.join()  # the group exists: connect now, not up to a poll later
             return
-        self.current = None
-        if call.gpu and err is None:
+        if call.get("device") == "cuda" and err is None:
             # NCCL returns as soon as the collective is queued; an event after it tells when the GPU got through.
             event = torch.cuda.Event()
             event.record()
             self.queued.append((call, event))
-        if call.op != "backward":
-            self.last = call
         if err is not None and not isinstance(err, KeyboardInterrupt) and self.joined.is_set():
-            self.explain(call, f"failed after {time.time() - call.since:.0f} s ({first_sentence(err)})")
+            self.explain(call, f"failed after {time.time() - call['t']:.0f} s ({first_sentence(err)})")
 
     def failed(self, err: BaseException) -> None:
-        """Called by :mod:`~workshop_lib.debug.collectives` when this observer raised: stop, in one line."""
+        """Called when this watch raised (its thread, or told of a call by the record): stop, in one line."""
         self.stop.set()
         warn(f"stopped watching{f' rank {self.rank}' if self.rank >= 0 else ''} ({type(err).__name__}: "
              f"{first_line(err)}); the job runs on unwatched")
@@ -220,25 +190,25 @@ class Watch:
             if asked > self.answered:
                 self.answered = asked
                 store.set(f"where/{self.rank}", self.where(asked))
-            call = self.current or self.unfinished_on_gpu()
+            call = self.calls.current or self.unfinished_on_gpu()
             if call is not None:
                 self.speak(call, time.time(), store)
 
-    def speak(self, call: Call, now: float, store: dist.Store | None = None) -> None:
+    def speak(self, call: dict, now: float, store: dist.Store | None = None) -> None:
         """Report ``call``'s wait once it has lasted the threshold (the full block, from one rank), then one line
         from that rank each time the wait doubles (:func:`report_at`)."""
-        waited = now - call.since
+        waited = now - call["t"]
         if waited <= self.threshold:
             return
-        key = (call.op, call.seq, call.since)
+        key = (call["name"], call.get("seq"), call["t"])
         if key not in self.reported:
-            on_gpu = " for the GPU to finish it" if call is not self.current else ""
+            on_gpu = " for the GPU to finish it" if call is not self.calls.current else ""
             self.explain(call, f"has waited {waited:.0f} s{on_gpu}", store, note=self.note())
         elif self.again and self.again[0] == key and waited >= report_at(self.threshold, self.again[1]):
             self.again = (key, self.again[1] + 1)
             timeout = f", of the process group's {duration(self.timeout())} timeout" if self.timeout() else ""
-            print(f"{PREFIX}rank {self.rank} still waits in {call.name()}" +
-                  (f", called at {call.where}" if call.where else "") + f": {duration(waited)} so far{timeout}",
+            print(f"{PREFIX}rank {self.rank} still waits in {called(call)}, called at {call['where']}: "
+                  f"{duration(waited)} so far{timeout}",
                   file=sys.stderr, flush=True)
 
     def timeout(self) -> float | None:
@@ -256,22 +226,21 @@ class Watch:
                 f"process group's timeout{f' ({duration(timeout)})' if timeout else ''} makes it fail" +
                 (f"; the watch reports again at {later}" if again else ""))
 
-    def unfinished_on_gpu(self) -> Call | None:
+    def unfinished_on_gpu(self) -> dict | None:
         """The oldest collective queued on the GPU that has not finished there (NCCL), if any."""
         while self.queued and self.queued[0][1].query():
             self.queued.popleft()
         return self.queued[0][0] if self.queued else None
 
     def where(self, asked: int) -> str:
-        """This rank's answer: its main thread's stack and collectives, as JSON."""
+        """This rank's answer, as JSON: its main thread's stack, and its record's calls (the one it is in, the last
+        numbered one, the counts by name, the latest :data:`~workshop_lib.debug.collectives.HISTORY`)."""
         frame = sys._current_frames().get(self.main)
         found, inner = user_frames(frame) if frame is not None and not self.left else ([], "")
-        call = self.current or self.unfinished_on_gpu()
         return json.dumps({"rank": self.rank, "asked": asked, "pid": os.getpid(), "frames": found, "inner": inner,
-                           "current": asdict(call) if call else None, "left": self.left,
-                           "last": asdict(self.last) if self.last else None, "backwards": self.backwards,
-                           "counts": dict(self.counts),
-                           "history": [asdict(c) for c in self.history]})
+                           "current": self.calls.current or self.unfinished_on_gpu(), "left": self.left,
+                           "last": self.calls.last(), "counts": self.calls.counts(),
+                           "history": list(self.calls.recent)}, default=str)
 
     def say_left(self, store: dist.Store | None) -> None:
         """This rank has left the job: its last answer says so, so a rank still waiting can name it."""
@@ -294,9 +263,9 @@ class Watch:
             time.sleep(0.02)
 
     # --------------------------------------------------------------- the diagnosis
-    def explain(self, call: Call, how: str, store: dist.Store | None = None, note: str | None = None) -> None:
+    def explain(self, call: dict, how: str, store: dist.Store | None = None, note: str | None = None) -> None:
         """Ask every rank where it is, and print the diagnosis of ``call`` once (``note``: what a report means)."""
-        key = (call.op, call.seq, call.since)
+        key = (call["name"], call.get("seq"), call["t"])
         with self.lock:
             if key in self.reported:
                 return
@@ -322,12 +291,12 @@ class Watch:
                 time.sleep(0.05)
         except dist.DistNetworkError:
             pass  # the store's host is gone (rank 0 crashed, say): the block says who did not answer
-        lines = explain(self.rank, call, how, answers, self.world_size, note)
+        report = explain(self.rank, call, how, answers, self.world_size, note)
         self.again = (key, 1)  # this rank explained the wait: it says when the wait doubles
-        print("\n".join(PREFIX + line for line in lines), file=sys.stderr, flush=True)
+        print("\n".join(PREFIX + line for line in report["block"]), file=sys.stderr, flush=True)
         if self.record is not None:  # the same block for programs to load, instead of scraping the rank's output
             try:
-                hangreport.save(self.record, self.rank, lines, left=[r for r, a in answers.items() if a.get("left")],
+                hangreport.save(self.record, report, left=[r for r, a in answers.items() if a.get("left")],
                                 answers=answers)
             except OSError as err:
                 warn(f"could not save the hang record to {self.record} ({type(err).__name__}: {first_line(err)})")

@@ -1,12 +1,14 @@
 """One rank's record: what it read, stepped, evaluated, saved, and which collectives it called; and its readers. The
-one record of calls: the script checker, the cell checks (01's all_reduce, 04a's all-reduce count, 04b's handles) and
-the runs they judge all read it; each collective with what it was given (:func:`~workshop_lib.debug.collectives.facts`,
-as the hang watch describes its calls), the learner's line, the backward() it ran in and the wait on its handle.
+script checker, the cell checks (01's all_reduce, 04a's all-reduce count, 04b's handles) and the runs they judge all
+read it. Its calls are the rank's one record of calls (:func:`workshop_lib.debug.collectives.calls`), which the hang
+watch reads too: each collective's entry (:func:`~workshop_lib.debug.collectives.entry`: what it was given, where,
+the backward() it ran in), kept here with the learner's line, then its exit and the wait on its handle.
 
 :func:`recording` attaches an observer to each public function of :data:`OBSERVED`, the one table of what is watched
-(``unittest.mock.patch.object``), to every collective of :mod:`workshop_lib.debug.collectives` and to
-``loss.backward()``, and to every optimizer step (torch's step post-hook); each calls through and changes nothing the
-function does, adding no collective (an async collective's work handle comes back wrapped, so that its wait is seen).
+(``unittest.mock.patch.object``), keeps the record of calls (:mod:`workshop_lib.debug.collectives`: the collectives,
+``init_process_group`` and ``loss.backward()``), and observes every optimizer step (torch's step post-hook); each calls
+through and changes nothing the function does, adding no collective (an async collective's work handle comes back
+wrapped, so that its wait is seen).
 A :class:`Recorder` keeps the events in order (with a prefix, also in PREFIX.jsonl, and the parameters after each
 optimizer step in PREFIX.params); the readers at the end answer how a rank left, what it waited in, the replicas'
 spread and what each loader pass read.
@@ -42,8 +44,6 @@ from workshop_lib import data, metrics, report
 from workshop_lib.debug import collectives, frames
 from workshop_lib.launching.joining import let_gloo_finish
 
-SMALL = 16  # a collective's tensor of at most this many elements is recorded by value, before and after
-
 
 def _where() -> tuple[int | None, list[int]]:
     """The line of the learner's code that led here (the innermost frame outside torch and workshop_lib), and the
@@ -52,12 +52,6 @@ def _where() -> tuple[int | None, list[int]]:
     if not mine:
         return None, []
     return mine[-1].lineno, [f.lineno for f in mine[:-1] if f.filename == mine[-1].filename]
-
-
-def _small(tensor) -> list | None:
-    if isinstance(tensor, torch.Tensor) and tensor.numel() <= SMALL and not tensor.is_meta:  # meta: no values
-        return tensor.detach().flatten().cpu().tolist()
-    return None
 
 
 class Recorder:
@@ -100,8 +94,16 @@ class Recorder:
     def add(self, kind: str, line: bool | int | None = True, **data) -> dict:
         """Append an event; ``line``: True, with the learner's line that led to it and the lines that called that
         one; a number, that line."""
+        return self.keep({"kind": kind, **data}, line)
+
+    def keep(self, event: dict, line: bool | int | None = True) -> dict:
+        """Append ``event`` (made here, or an entry of the record of calls), with its ``line`` (as :meth:`add`)."""
         at, via = _where() if line is True else (line or None, [])
-        event = {"kind": kind, "line": at, "t": round(time.time(), 3), **data, **({"via": via} if via else {})}
+        event.update(line=at, t=event.get("t", round(time.time(), 3)), **({"via": via} if via else {}))
+        if event.get("phase") == "enter" and event["kind"] == "collective":  # the indices read before it, first
+            self.flush_fetched()
+        elif event.get("phase") == "enter" and event["kind"] == "backward":
+            self.backwards += 1
         self.events.append(event)
         if self._file is not None:
             self._file.write(json.dumps(event, default=str) + "\n")
@@ -145,48 +147,6 @@ class Recorder:
             if f is not None:
                 f.close()
         self._file = self._params = None
-
-
-class Collectives:
-    """An observer of :mod:`workshop_lib.debug.collectives`: the learner's collectives (what each was given, by
-    :func:`~workshop_lib.debug.collectives.facts`, and the backward() it ran in), the waits on their handles, and
-    backward(), in and out. Alone (``collectives.observing(Collectives(Recorder()))``) it records the calls only."""
-
-    def __init__(self, rec: Recorder):
-        self.rec, self.seq, self.backward, self.inside = rec, 0, 0, 0  # backward: entered so far; inside: depth
-
-    def enter(self, op: str, args: tuple, kwargs: dict):
-        if threading.get_ident() != self.rec.main:
-            return None
-        if op == collectives.BACKWARD:
-            self.rec.backwards += 1
-            self.backward, self.inside = self.backward + 1, self.inside + 1
-            self.rec.add("backward", phase="enter", n=self.backward)
-            return ("backward", None, None)
-        if op not in collectives.COLLECTIVES:
-            return None
-        self.seq += 1
-        self.rec.flush_fetched()
-        first = collectives.tensors_of(args, kwargs)
-        self.rec.add("collective", name=op, phase="enter", seq=self.seq, **collectives.facts(op, args, kwargs),
-                     before=_small(first), backward=self.backward if self.inside else None,
-                     data_ptr=first.data_ptr() if isinstance(first, torch.Tensor) else None)
-        return (op, self.seq, first)
-
-    def leave(self, token, error: BaseException | None) -> None:
-        if token is None:
-            return
-        op, seq, first = token
-        if op == "backward":
-            self.inside -= 1
-            self.rec.add("backward", line=False, phase="exit", ok=error is None)
-        elif error is None:
-            self.rec.add("collective", line=False, name=op, phase="exit", seq=seq, after=_small(first))
-
-    def waited(self, token, error: BaseException | None) -> None:
-        """The learner waited on the handle of the async collective ``token``."""
-        if threading.get_ident() == self.rec.main:
-            self.rec.add("wait", name=token[0], seq=token[1], ok=error is None)
 
 
 # ----------------------------------------------------------------------------- what is observed
@@ -295,22 +255,6 @@ def _set_epoch(rec: Recorder, sampler, epoch) -> None:
     rec.add("set_epoch", id=id(sampler), split=rec.split_of(sampler.dataset), epoch=int(epoch))
 
 
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def _init(rec: Recorder, real):
-    def observe(backend=None, *args, **kw):
-        positional = [p.name for p in inspect.signature(real).parameters.values() if p.kind in _POSITIONAL]
-        bound = {**dict(zip(positional, (backend, *args), strict=False)), **kw}  # ("gloo", "tcp://...") too
-        given = {k: bound[k] for k in ("rank", "world_size", "device_id", "init_method") if k in bound}
-        rec.add("init", phase="enter", backend=str(backend), store="store" in bound, timeout="timeout" in bound,
-                **{f"given_{k}": str(v) if k == "device_id" else v for k, v in given.items()})
-        out = real(backend, *args, **kw)
-        rec.add("init", line=False, phase="exit", rank=dist.get_rank(), world_size=dist.get_world_size())
-        return out
-    return observe
-
-
 def _destroy(rec: Recorder, *args, **kw) -> None:
     rec.flush_fetched()
     rec.add("destroy")
@@ -407,7 +351,6 @@ OBSERVED = (
     (DataLoader, "__iter__", _loader_iter),  # a pass starts: the loader's sampler
     (DistributedSampler, "__init__", _sampler_init),  # the arguments as given, the values the sampler resolved
     (DistributedSampler, "set_epoch", _before(_set_epoch)),
-    (dist, "init_process_group", _init),
     (dist, "destroy_process_group", _before(_destroy)),
     (DistributedDataParallel, "__init__", _ddp_init),  # and forward hooks: the forwards through it, and around it
     (F, "binary_cross_entropy_with_logits", _loss),  # each training batch's loss
@@ -422,11 +365,12 @@ OBSERVED = (
 
 @contextlib.contextmanager
 def recording(rec: Recorder) -> Iterator[Recorder]:
-    """Attach every observer (:data:`OBSERVED`, the collectives, the step hook) while the block runs; then take them off."""
+    """Attach every observer (:data:`OBSERVED`, the record of calls, the step hook) while the block runs; then take
+    them off."""
     with contextlib.ExitStack() as stack:
         for owner, name, wrap in OBSERVED:
             stack.enter_context(mock.patch.object(owner, name, new=wrap(rec, getattr(owner, name))))
-        stack.enter_context(collectives.observing(Collectives(rec)))
+        stack.enter_context(collectives.calls(rec.keep))
         hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: rec.stepped(optimizer))
         stack.callback(hook.remove)
         first = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: rec.starting(optimizer))

@@ -1,8 +1,9 @@
-"""The ranks' sequences of collectives side by side, drawn from the hang watch's record, the first difference marked.
+"""The ranks' sequences of calls side by side, drawn from the hang watch's record, the first difference marked.
 
-Each rank's answer holds its ``history`` of collectives, its count of ``backwards`` (under DDP each backward()
-all-reduces, so it counts as a collective) and its ``current`` call: :func:`sequence` rebuilds its list,
-:func:`first_difference` finds where the lists part, :func:`draw` shows them in columns, agreed calls folded.
+Each rank's answer holds its ``history``, its latest calls in order (entries of its record of calls,
+:func:`~workshop_lib.debug.collectives.entry`: collectives, DDP's buffer broadcasts, and backward() calls, in each of
+which DDP all-reduces the gradients), and the ``current`` one: :func:`sequence` reads them, :func:`first_difference`
+finds where the lists part, :func:`draw` shows them in columns, agreed calls folded.
 """
 
 from __future__ import annotations
@@ -10,29 +11,19 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from workshop_lib.debug import collectives
 
 FOLD = 4  # agreed rows beyond this many are folded into one
 
 
-@dataclass(frozen=True)
-class Step:
-    """One call of one rank: a collective, or a backward() (DDP's gradient all-reduce runs inside it)."""
+def key(call: dict) -> tuple:
+    """What must match across ranks: the call, and for a collective its tensors and call site."""
+    return ("backward",) if call["kind"] == "backward" else (call["name"], call["tensors"], call["where"])
 
-    op: str  # "all_gather", "backward", ...
-    seq: int  # the watch's number of a collective; a backward's own number
-    tensors: str  # "float32[1]"; "" for a backward
-    where: str  # "train-cell:13 in train()"; "" for a backward the record only counts
-    waiting: bool = False  # the rank is in this call, and has been for the watch's threshold
 
-    def key(self) -> tuple:
-        """What must match across ranks: the op, and for a collective its tensors and call site."""
-        return ("backward",) if self.op == "backward" else (self.op, self.tensors, self.where)
-
-    def name(self) -> str:
-        return f"backward() #{self.seq}" if self.op == "backward" else f"{self.op} #{self.seq}"
+def label(call: dict) -> str:
+    return f"backward() #{call['n']}" if call["kind"] == "backward" else collectives.called(call)
 
 
 def answers(record: Sequence[dict] | dict) -> dict[int, dict]:
@@ -44,27 +35,14 @@ def answers(record: Sequence[dict] | dict) -> dict[int, dict]:
     return found
 
 
-def sequence(answer: dict) -> list[Step]:
-    """One rank's calls, in order: its remembered collectives, with the backward() calls between them."""
-    steps: list[Step] = []
-    current = answer.get("current") or {}
-    history = answer.get("history") or [{}]  # from #1 on, every backward() is known; else from the oldest remembered
-    done = history[0].get("backwards", 0) if history[0].get("seq", 1) > 1 else 0
-    for call in answer.get("history", []):
-        steps += [Step("backward", n, "", "") for n in range(done + 1, call.get("backwards", 0) + 1)]
-        done = call.get("backwards", 0)
-        now = current.get("op") == call["op"] and current.get("seq") == call["seq"]
-        steps.append(Step(call["op"], call["seq"], call["tensors"], call["where"], now))
-    total = answer.get("backwards", done)
-    for n in range(done + 1, total + 1):
-        now = current.get("op") == "backward" and n == total
-        steps.append(Step("backward", n, "", current.get("where", "") if now else "", now))
-    return steps
+def sequence(answer: dict) -> list[dict]:
+    """One rank's calls, in order, as far as it remembers them; ``waiting``: the call it is in."""
+    return [{**call, "waiting": call == answer.get("current")} for call in answer.get("history", [])]
 
 
-def first_difference(sequences: dict[int, list[Step]]) -> int | None:
+def first_difference(sequences: dict[int, list[dict]]) -> int | None:
     """The first position (0-based) where the ranks' calls differ, or where one rank has none; None if all agree."""
-    return collectives.first_difference({r: [step.key() for step in s] for r, s in sequences.items()})
+    return collectives.first_difference({r: [key(call) for call in s] for r, s in sequences.items()})
 
 
 def describe(record: Sequence[dict] | dict) -> str:
@@ -74,20 +52,18 @@ def describe(record: Sequence[dict] | dict) -> str:
     if i is None:
         return "the ranks' sequences of collectives agree, as far as the record goes"
 
-    def said(s: list[Step]) -> str:
-        if i >= len(s):
-            return "nothing (it called no more)"
-        return f"{s[i].name()}" + (f" at {s[i].where}" if s[i].where else "")
+    def said(s: list[dict]) -> str:
+        return f"{label(s[i])} at {s[i]['where']}" if i < len(s) else "nothing (it called no more)"
 
     each = ", ".join(f"rank {r} {said(s)}" for r, s in seqs.items())
     return f"the ranks' calls first differ at call {i + 1}: {each}"
 
 
-def _rows(seqs: dict[int, list[Step]]) -> list[tuple[str, object]]:
+def _rows(seqs: dict[int, list[dict]]) -> list[tuple[str, object]]:
     """("same", [steps]) rows the ranks agree on (runs of one op grouped), then ("differ", {rank: step}) rows."""
     first = first_difference(seqs)
     agreed = next(iter(seqs.values()))[: first if first is not None else None]
-    rows: list[tuple[str, object]] = [("same", list(run)) for _, run in itertools.groupby(agreed, key=Step.key)]
+    rows: list[tuple[str, object]] = [("same", list(run)) for _, run in itertools.groupby(agreed, key=key)]
     if len(rows) > FOLD:  # fold the beginning, keep the last rows before the difference
         folded = [step for _, steps in rows[: -FOLD + 1] for step in steps]
         rows = [("folded", folded), *rows[-FOLD + 1:]]
@@ -97,11 +73,11 @@ def _rows(seqs: dict[int, list[Step]]) -> list[tuple[str, object]]:
     return rows
 
 
-def _text(step: Step, count: int = 1) -> str:
-    head = f"backward() ×{count}" if count > 1 else step.name()
-    detail = "DDP's gradient all-reduce" if step.op == "backward" else step.tensors
-    where = step.where.replace(", from ", "\nfrom ")
-    return "\n".join(x for x in (head + ("   (waiting)" if step.waiting else ""), detail, where) if x)
+def _text(call: dict, count: int = 1) -> str:
+    head = f"backward() ×{count}" if count > 1 else label(call)
+    detail = "DDP's gradient all-reduce" if call["kind"] == "backward" else call["tensors"]
+    where = call["where"].replace(", from ", "\nfrom ")
+    return "\n".join((head + ("   (waiting)" if call["waiting"] else ""), detail, where))
 
 
 def draw(record: Sequence[dict] | dict, ax=None) -> None:
@@ -119,7 +95,7 @@ def draw(record: Sequence[dict] | dict, ax=None) -> None:
         if kind in ("same", "folded"):
             steps = content
             if kind == "folded":
-                counts = Counter("backward()" if s.op == "backward" else s.op for s in steps)
+                counts = Counter("backward()" if s["kind"] == "backward" else s["name"] for s in steps)
                 text = f"{len(steps)} calls, the same on every rank:\n" + ", ".join(
                     f"{op} ×{k}" if k > 1 else op for op, k in counts.items())
             else:

@@ -65,11 +65,13 @@ def waiting(blocks: list[dict]) -> list[dict]:
     """Each rank's end in a hang, from the first block that the hang watch saved where a rank waits for another (else
     its first block): the call it waited in (None: in no collective), at its innermost frame of the learner's;
     ``frames``: the watch's frames of it, [file, line, function, code]; ``waited_for``: the ranks it waited for."""
+    from workshop_lib.debug.collectives import called
+
     block = next((b for b in blocks if b["waiting_for"]), None) or next(iter(blocks), {"answers": {}})
     found = []
     for rank, answer in sorted(block["answers"].items(), key=lambda item: int(item[0])):
         call, (file, line, function, _) = answer.get("current") or {}, (answer.get("frames") or [[None] * 4])[-1]
-        found.append({"rank": int(rank), "how": "waiting", "call": f"{call['op']} #{call['seq']}" if call else None,
+        found.append({"rank": int(rank), "how": "waiting", "call": called(call) if call else None,
                       "file": file, "line": line, "function": function, "time": time.time(),
                       "frames": answer.get("frames") or [],
                       "waited_for": block.get("waiting_for", []) if int(rank) == block.get("rank") else []})

@@ -6,15 +6,16 @@ import pytest
 
 from workshop_lib.checks import hang_labs, hang_runs
 from workshop_lib.checks.hang_labs import Run
+from workshop_lib.debug import collectives
 from workshop_lib.engine.common import CheckFailed
 
 
 def where(rank, line, code, op, seq, tensors="float32[1]", file="train-cell", inner=None):
     """A rank's answer in the watch's record: waiting at ``line`` of the train() cell, in collective ``op``."""
-    current = {"op": op, "seq": seq, "tensors": tensors, "since": 0.0, "where": f"{file}:{line} in train()",
-               "backwards": 6}
+    current = {"kind": collectives.kind_of(op), "name": op, "seq": seq, "n": 6, "tensors": tensors, "t": 0.0,
+               "where": f"{file}:{line} in train()"}
     return {"rank": rank, "frames": [[file, line, "train", code], ["shared-cell", 20, "spread", "x"]],
-            "current": current, "history": [current] if op != "backward" else [], "backwards": 6, "inner": inner}
+            "current": current, "history": [current], "inner": inner}
 
 
 SPREAD = "spread = replica_spread(model, world_size)  # the replicas' largest difference"
@@ -60,7 +61,7 @@ def test_where_each_rank_stops_comes_from_the_record():
                                         1: ("all_reduce", 12, "dist.all_reduce(loss)")}  # the comment cut
     buffers = Run("hanglab4", record=record(where(0, 26, "x", "DDP.forward", 8, "broadcasts 3 buffers"),
                                             where(1, 29, "y", "all_gather", 8, "2 tensors")))
-    backward = Run("hanglab2", record=record(where(0, 9, "x", "backward", 0, "DDP's gradient buckets"),
+    backward = Run("hanglab2", record=record(where(0, 9, "x", "backward", None, "DDP's gradient buckets"),
                                              where(1, 10, "y", "all_gather", 2, "2 tensors")))
     assert [c for c, _, _ in hang_labs.stops(buffers).values()] == ["forward", "all_gather"]
     assert [c for c, _, _ in hang_labs.stops(backward).values()] == ["backward", "all_gather"]

@@ -14,9 +14,8 @@ import torch.distributed as dist
 
 from tests.conftest import REPO, cpu_env
 from tests.reliability import RESTARTS
-from workshop_lib.debug import hangreport, hangwatch, rankwatch
-from workshop_lib.debug.hangreport import explain, one_line
-from workshop_lib.debug.hangwatch import Call
+from workshop_lib.debug import collectives, hangreport, hangwatch, rankwatch
+from workshop_lib.debug.hangreport import explain
 from workshop_lib.launching.launch import torchrun_argv
 
 WORKER = REPO / "tests" / "workers" / "hang_worker.py"
@@ -27,11 +26,12 @@ def answer(rank, frames, current=None, last=None, history=(), left=False, inner=
             "last": last, "history": list(history), "left": left}
 
 
-def call(op, seq, tensors="float32[3]", where="t.py:9 in train()"):
-    return {"op": op, "seq": seq, "tensors": tensors, "since": 0.0, "where": where}
+def call(op, seq, tensors="float32[3]", where="t.py:9 in train()", t=0.0):
+    """An entry of a rank's record of calls (collectives.entry), as its answer holds it."""
+    return {"kind": collectives.kind_of(op), "name": op, "seq": seq, "n": 1, "tensors": tensors, "t": t, "where": where}
 
 
-STUCK = Call("all_reduce", 2, "float32[3]", 0.0, "t.py:9 in train()")
+STUCK = call("all_reduce", 2)
 
 
 def test_a_rank_elsewhere_is_named_with_its_function_and_line():
@@ -39,10 +39,10 @@ def test_a_rank_elsewhere_is_named_with_its_function_and_line():
                          current=call("all_reduce", 2), history=[call("all_reduce", 1), call("all_reduce", 2)]),
                1: answer(1, [["t.py", 20, "main", ""], ["t.py", 4, "evaluate", "time.sleep(9)"]],
                          last=call("all_reduce", 1), history=[call("all_reduce", 1)])}
-    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
-    text = "\n".join(lines)
+    report = explain(0, STUCK, "has waited 6 s", answers, 2)
+    lines, text = report["block"], "\n".join(report["block"])
     assert lines[0] == "rank 0 has waited 6 s in all_reduce #2 (float32[3]), called at t.py:9 in train()"
-    assert "never arrived: rank 1" in text
+    assert "never arrived: rank 1" in text and report["missing"] == [1]
     assert "rank 1 never entered all_reduce #2: it is in evaluate() at t.py:4" in text
     assert "its last collective was all_reduce #1" in text
     assert "rank 1: t.py:20 main() > t.py:4 evaluate()" in text
@@ -52,19 +52,20 @@ def test_different_shapes_and_different_ops_are_told_apart():
     mine = call("all_reduce", 2)
     shapes = {0: answer(0, [], current=mine, history=[mine]),
               1: answer(1, [], current=call("all_reduce", 2, "float32[1]"), history=[call("all_reduce", 2, "float32[1]")])}
-    text = "\n".join(explain(0, STUCK, "has waited 6 s", shapes, 2))
+    text = "\n".join(explain(0, STUCK, "has waited 6 s", shapes, 2)["block"])
     assert "with float32[1] where rank 0 has float32[3]" in text and "same shape and dtype" in text
     assert "first differ (op, tensors or call site) at #2" in text
     ops = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
     assert "rank 1 is in all_gather #2 (float32[3]) at t.py:7 in f(), not in all_reduce #2" in "\n".join(
-        explain(0, STUCK, "has waited 6 s", ops, 2))
+        explain(0, STUCK, "has waited 6 s", ops, 2)["block"])
 
 
 def test_ranks_that_left_in_backward_or_silent_are_each_explained():
     answers = {0: answer(0, []), 1: answer(1, [], left=True, last=call("all_gather", 7)),
-               2: answer(2, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", 0, "DDP's gradient buckets"))}
-    text = "\n".join(explain(0, STUCK, "has waited 6 s", answers, 4))
-    assert "never arrived: rank 1, 2, 3" in text
+               2: answer(2, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", None, "DDP's buckets"))}
+    report = explain(0, STUCK, "has waited 6 s", answers, 4)
+    text = "\n".join(report["block"])
+    assert "never arrived: rank 1, 2, 3" in text and report["missing"] == [1, 2, 3]
     assert "rank 1 has left the job (it called destroy_process_group); its last collective was all_gather #7" in text
     assert "rank 2 never entered all_reduce #2: it is in loss.backward()" in text
     assert "rank 3 did not answer" in text
@@ -73,19 +74,19 @@ def test_ranks_that_left_in_backward_or_silent_are_each_explained():
 def test_one_line_says_who_waits_where_and_what_the_missing_rank_does_instead():
     mine = call("all_reduce", 2)
     elsewhere = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_gather", 2, where="t.py:7 in f()"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", elsewhere, 2)) == (
+    assert explain(0, STUCK, "has waited 6 s", elsewhere, 2)["line"] == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "all_gather #2 (float32[3]) at t.py:7 in f()")
     backward = {0: answer(0, [], current=mine),
-                1: answer(1, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", 0, "DDP's buckets"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", backward, 2)) == (
+                1: answer(1, [["t.py", 3, "step", "loss.backward()"]], current=call("backward", None, "DDP's buckets"))}
+    assert explain(0, STUCK, "has waited 6 s", backward, 2)["line"] == (
         "rank 0 waits in all_reduce #2 (called at t.py:9 in train()); rank 1 never joined it: it is in "
         "loss.backward(), where DDP all-reduces the gradients (step() at t.py:3)")
     left = {0: answer(0, [], current=mine), 1: answer(1, [], left=True)}
-    assert one_line(explain(0, STUCK, "has waited 6 s", left, 2)).endswith(
+    assert explain(0, STUCK, "has waited 6 s", left, 2)["line"].endswith(
         "rank 1 never joined it: it has left the job (it called destroy_process_group)")
     shapes = {0: answer(0, [], current=mine), 1: answer(1, [], current=call("all_reduce", 2, "float32[1]"))}
-    assert one_line(explain(0, STUCK, "has waited 6 s", shapes, 2)).endswith(
+    assert explain(0, STUCK, "has waited 6 s", shapes, 2)["line"].endswith(
         "rank 1 is in it too, but with float32[1] where rank 0 has float32[3]: every rank must pass the same "
         "shape and dtype")
 
@@ -106,9 +107,9 @@ def counted(rank, counts, **kw):
 ])
 def test_the_ranks_counts_of_calls_are_printed_where_they_differ(counts, said):
     answers = {r: counted(r, c, current=call("all_reduce", 2) if r == 0 else None) for r, c in enumerate(counts)}
-    lines = explain(0, STUCK, "has waited 6 s", answers, 2)
-    assert [line for line in lines if line.startswith("calls entered")] == ([said] if said else [])
-    assert one_line(lines) == one_line([x for x in lines if not x.startswith("calls entered")])  # the one line as before
+    report = explain(0, STUCK, "has waited 6 s", answers, 2)
+    assert [line for line in report["block"] if line.startswith("calls entered")] == ([said] if said else [])
+    assert "calls entered" not in report["line"]  # the one line as before
 
 
 def test_the_schedule_of_reports_doubles_the_wait():
@@ -145,7 +146,7 @@ def test_the_default_threshold_is_a_quarter_of_the_timeout_the_script_gives_its_
     original = dist.init_process_group
     watch = hangwatch.attach(poll=0.01)
     try:
-        assert dist.init_process_group is not original  # observed, call-through
+        assert dist.init_process_group is not original  # recorded, call-through
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, **given)
         watch.join()
         assert (watch.group_timeout, watch.threshold, watch.saw_group) == (given.get("timeout"), threshold, True)
@@ -163,18 +164,19 @@ def test_a_watch_that_did_not_see_the_group_made_takes_torchs_default_for_its_ba
     assert rankwatch.default_threshold() == 60.0
 
 
-def test_each_collective_is_recorded_with_the_backward_calls_before_it():
-    """Under DDP each backward() all-reduces the gradients: the record counts them, for the ranks' sequences."""
+def test_a_ranks_answer_is_its_record_of_calls_backward_calls_included():
+    """Under DDP each backward() all-reduces the gradients: the record holds them in order, for the ranks' sequences,
+    and counts every call by name from the entries' own numbers."""
     watch = hangwatch.Watch(threshold=60, poll=60, record=None, store=dist.HashStore())
-    watch.world_size = 2  # as if joined: the main thread's side does not connect
     x = torch.ones(2)
     for op in ("all_reduce", "backward", "backward", "all_gather"):
-        watch.leave(watch.enter(op, (x,), {}), None)
-    watch.enter("backward", (), {})  # the third one, still running
+        watch.calls.leave(watch.calls.enter(op, (x,), {}), None)
+    watch.calls.enter("backward", (), {})  # the third one, still running
     said = json.loads(watch.where(1))
-    assert [(c["op"], c["seq"], c["backwards"]) for c in said["history"]] == [("all_reduce", 1, 0), ("all_gather", 2, 2)]
-    assert said["backwards"] == 3 and (said["current"]["op"], said["current"]["backwards"]) == ("backward", 3)
-    assert said["counts"] == {"all_reduce": 1, "backward": 3, "all_gather": 1}  # every call entered, by op
+    assert [(c["name"], c.get("seq"), c["n"]) for c in said["history"]] == [
+        ("all_reduce", 1, 1), ("backward", None, 1), ("backward", None, 2), ("all_gather", 2, 1), ("backward", None, 3)]
+    assert said["current"] == said["history"][-1] and said["last"] == said["history"][3]
+    assert said["counts"] == {"all_reduce": 1, "backward": 3, "all_gather": 1}  # every call entered, by name
 
 
 @pytest.fixture
@@ -209,6 +211,21 @@ def test_a_watch_that_fails_says_so_in_one_line_except_when_the_store_is_gone(gr
     assert lines == ([hangwatch.WARNING + said] if said else [])
 
 
+def test_a_recorder_beside_the_watch_keeps_the_watchs_record_the_same_entry_for_both(group_of_two):
+    """The checker's runner and the notebooks' ranks run both in a rank: one wrapper, one record, each call's entry
+    in the recorder's events and in what the watch answers."""
+    from workshop_lib.engine import recorder
+
+    watch = hangwatch.install(dist.HashStore(), threshold=60, poll=60)
+    wrapped, rec = dist.all_reduce, recorder.Recorder()
+    with recorder.recording(rec):
+        assert dist.all_reduce is wrapped  # no second wrapper
+        dist.all_reduce(torch.ones(3))
+    enters = [e for e in rec.events if e["kind"] == "collective" and e["phase"] == "enter"]
+    assert len(enters) == 1 and watch.calls.recent[-1] is enters[0] and enters[0]["before"] == [1.0, 1.0, 1.0]
+    assert json.loads(watch.where(1))["history"][-1]["line"] == enters[0]["line"]  # the recorder's line, in the answer
+
+
 def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_printed(group_of_two, tmp_path,
                                                                                      capsys):
     watch = hangwatch.install(dist.HashStore(), threshold=60, poll=60, record=str(tmp_path / "no" / "hang.json"))
@@ -221,7 +238,7 @@ def test_a_record_that_cannot_be_saved_is_one_warning_and_the_block_is_still_pri
     assert len(warnings) == 1 and warnings[0].startswith(f"{hangwatch.WARNING}could not save the hang record to ")
 
 
-SAVING = Call("barrier", 1, "no tensor", 1000.0, "train.py:64 in _save_snapshot()")
+SAVING = call("barrier", 1, "no tensor", "train.py:64 in _save_snapshot()", t=1000.0)
 NOT_A_FAILURE = ("a report, not a failure: the call may still complete (a rank that is only slow) or wait until the "
                  "process group's timeout (30 min) makes it fail; the watch reports again at 2 min, 4 min, 8 min ...")
 
@@ -249,11 +266,11 @@ def test_a_wait_is_reported_in_full_then_in_one_line_each_time_it_doubles(group_
     watch = hangwatch.install(dist.HashStore(), threshold=threshold, poll=60)
     watch.join()
     watch.world_size = 1  # only this rank's answer to wait for
-    watch.saw_group = True  # as attach sees the script's init_process_group, here with no timeout given
-    watch.current = SAVING  # the main thread is in it (as enter() notes it)
+    watch.calls.latest[collectives.INIT] = {"kind": "init", "timeout": None}  # the script's init_process_group, seen
+    watch.calls.open.append(SAVING)  # the main thread is in it (as the record's enter notes it)
     first, last = min(heard), max(heard)
     for wait in range(1, 2 * last):  # each second's poll, up to the wait before the next report
-        watch.speak(SAVING, SAVING.since + wait)
+        watch.speak(SAVING, SAVING["t"] + wait)
         said = hangreport.block(capsys.readouterr().err.splitlines())
         assert said[:len(heard.get(wait, []))] == heard.get(wait, []), wait
         assert bool(said) == (wait in heard), (wait, said)  # nothing in between
@@ -334,12 +351,12 @@ def test_a_watch_that_cannot_start_says_so_in_one_line_and_leaves_torch_as_it_is
 def test_a_collective_still_running_on_the_gpu_is_the_one_reported():
     """NCCL returns once a collective is queued: the watch's CUDA event says whether the GPU got through it."""
     watch = hangwatch.Watch(threshold=0.1, poll=0.1, record=None, store=dist.HashStore())
-    watch.world_size = 2
+    watch.calls.followers.append(watch)
     x = torch.ones(4, device="cuda")
-    call = watch.enter("all_reduce", (x,), {})
+    token = watch.calls.enter("all_reduce", (x,), {})
     torch.cuda._sleep(2_000_000_000)  # GPU time queued before the event, as a kernel waiting for a peer would be
-    watch.leave(call, None)
-    assert call.gpu and watch.unfinished_on_gpu() is call
+    watch.calls.leave(token, None)
+    assert token[0]["device"] == "cuda" and watch.unfinished_on_gpu() is token[0]
     torch.cuda.synchronize()
     assert watch.unfinished_on_gpu() is None
 

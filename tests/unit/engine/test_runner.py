@@ -56,22 +56,6 @@ def test_each_run_gets_fresh_ranks_so_one_scripts_groups_never_reach_the_next(tm
     assert [r.ranks[0][-1]["how"] for r in runs] == ["returned", "returned"], runs[-1].output
 
 
-def test_the_record_names_init_process_groups_arguments_however_the_script_passed_them():
-    """``init_process_group("gloo", "tcp://...")`` names init_method positionally: the record says so, as it does for
-    keywords (the made-up GPU node judges a join that is not env:// from it)."""
-    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None):
-        raise RuntimeError("not joined: the record of the call is what is tested")
-
-    rec = recorder.Recorder()
-    observe = recorder._init(rec, init_process_group)
-    for args, kwargs in ((("gloo", "tcp://127.0.0.1:1"), {"rank": 0}), (("gloo",), {"init_method": "tcp://127.0.0.1:1",
-                                                                                     "rank": 0})):
-        with pytest.raises(RuntimeError, match="not joined"):
-            observe(*args, **kwargs)
-    enters = [e for e in rec.events if e["kind"] == "init"]
-    assert [(e["given_init_method"], e["given_rank"], e["store"]) for e in enters] == [("tcp://127.0.0.1:1", 0, False)] * 2
-
-
 DIES = ('import os, signal, torch.distributed as dist\n'
         'dist.init_process_group("gloo")\n'
         'if dist.get_rank() == 1:\n'

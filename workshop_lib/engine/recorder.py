@@ -66,7 +66,7 @@ class Recorder:
         self.fetched: dict[str, list[int]] = {}  # split -> indices fetched since the last flush
         self.passes: dict[str, int] = {}  # split -> passes started
         self.losses: list[list[float]] = []  # [loss, molecules] of each training batch since the last step
-        self.ddp_forwards = self.bypasses = self.backwards = self.steps = 0
+        self.ddp_forwards = self.ddp_syncs = self.bypasses = self.backwards = self.steps = 0
         self.in_ddp = 0  # > 0 while a DDP wrapper's forward runs
         self.main, self.pid = threading.get_ident(), os.getpid()
         self.stack: contextlib.ExitStack | None = None  # while recording: where an observer put later is taken off
@@ -136,9 +136,10 @@ class Recorder:
             self._params.write(vector.numpy().tobytes())
             self._params.flush()
         self.add("step", n=self.steps, epoch_pass=self.passes.get("train", 0) - 1, numel=int(vector.numel()),
-                 ddp_forwards=self.ddp_forwards, bypasses=self.bypasses, backwards=self.backwards, losses=self.losses)
+                 ddp_forwards=self.ddp_forwards, ddp_syncs=self.ddp_syncs, bypasses=self.bypasses,
+                 backwards=self.backwards, losses=self.losses)
         self.steps += 1
-        self.ddp_forwards = self.bypasses = self.backwards = 0
+        self.ddp_forwards = self.ddp_syncs = self.bypasses = self.backwards = 0
         self.losses = []
 
     def close(self) -> None:
@@ -272,6 +273,7 @@ def _ddp_init(rec: Recorder, real):
         def before(module, inputs):  # a training forward through the wrapper, where DDP prepares its all-reduce
             if torch.is_grad_enabled() and module.training:
                 rec.ddp_forwards += 1
+                rec.ddp_syncs += module.require_backward_grad_sync  # False inside no_sync(): no all-reduce after it
             rec.in_ddp += 1
 
         def after(module, inputs, output):

@@ -644,10 +644,9 @@ def reran(case: Case) -> str | None:
 
 def accumulating(case: Case) -> tuple[int, list[dict], int] | None:
     """Where a step of rank 0 follows more than one backward(): (its steps, its backward() calls, how many of those
-    all-reduced); None where none does, or where that is not known. Counted from the all-reduces recorded in backward()
-    where DDP's go through dist.all_reduce (a "comm_hook" event: a notebook's check). A script's DDP all-reduces in C++,
-    unrecorded, in every backward() after a training forward through it unless no_sync() turned that off: all are
-    counted where each followed one and the script's text, holding the backward(), never names no_sync."""
+    all-reduced); None where none does. Counted from the all-reduces recorded in backward() where DDP's go through
+    dist.all_reduce (a "comm_hook" event: a notebook's check); else from DDP's own flag at each training forward
+    (``require_backward_grad_sync``, False inside no_sync()): a backward() all-reduces after a forward that synced."""
     events = case.ranks[0]
     made, calls = steps(events), _of(events, "backward", phase="enter")
     if not any(s["backwards"] > 1 for s in made):
@@ -655,10 +654,9 @@ def accumulating(case: Case) -> tuple[int, list[dict], int] | None:
     if _of(events, "comm_hook"):
         return len(made), calls, len({c["backward"] for c in _of(events, "collective", name="all_reduce",
                                                                    phase="enter") if c.get("backward")})
-    if "backward" not in case.code(calls[0]["line"]) or re.search(r"no_sync|require_backward_grad_sync", case.source) \
-            or any(s["ddp_forwards"] < s["backwards"] for s in made):
-        return None
-    return len(made), calls, len(calls)
+    if not _of(events, "ddp"):
+        return None  # no DDP: nothing all-reduced in backward() but what the script calls (the by-hand rows)
+    return len(made), calls, sum(min(s.get("ddp_syncs", 0), s["backwards"]) for s in made)
 
 
 def accumulation(case: Case) -> str | None:

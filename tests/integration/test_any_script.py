@@ -94,9 +94,10 @@ def test_the_tutorials_script_passes_with_its_own_arguments_and_says_what_was_ju
                          "resume (6 rules)"), said
     assert verdict == (
         "\N{CHECK MARK} train.py: 2 ranks, 4 epoch(s): each read its own 256 of 512 training items, a new order each "
-        "epoch; the same 32 collectives on every rank (a backward() through DDP counted as one, its gradient "
-        "all-reduce); the replicas started equal and stayed equal (spread 0 after 32 step(s)); rank 0 alone wrote "
-        "snapshot.pt; every rank left the group in a finally; at 1 and 3 ranks the shards held too"), verdict
+        "epoch; the same 32 collectives on every rank (each backward() through DDP counted: it all-reduces the "
+        "gradients outside no_sync()); the replicas started equal and stayed equal (spread 0 after 32 step(s)); "
+        "rank 0 alone wrote snapshot.pt; every rank left the group in a finally; at 1 and 3 ranks the shards held "
+        "too"), verdict
     assert "never called init_process_group" not in proc.stdout
     assert snapshot.is_file()  # written where the script's own argument said
 

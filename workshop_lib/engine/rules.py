@@ -268,7 +268,8 @@ def all_reduced(ranks: dict[int, list[dict]], picked: Callable[[dict], bool] = l
 
 def _calls(events: list[dict]) -> list[dict]:
     """This rank's collectives in the order it entered them; once it wrapped a model in DDP, its backward() calls
-    too (each all-reduces the gradients)."""
+    too (each all-reduces the gradients, unless its forward ran inside no_sync(): counted all the same, as every rank
+    runs as many)."""
     wrapped, found = False, []
     for e in events:
         wrapped |= e["kind"] == "ddp"
@@ -795,8 +796,8 @@ RULES = (
                (STEPS, lambda c: f"{len(c.ranks)} ranks, {c.epochs} epochs: {_what_each_read(c)}"),
                ((None,), lambda c: f"{len(c.ranks)} ranks, {c.epochs} epoch(s): {_what_each_read(c)}"))),
     Rule("the same collectives in the same order on every rank", same_collectives,
-         says=(((None,), lambda c: f"the same {len(_calls(c.ranks[0]))} collectives on every rank (a backward() "
-                                   f"through DDP counted as one, its gradient all-reduce)"),)),
+         says=(((None,), lambda c: f"the same {len(_calls(c.ranks[0]))} collectives on every rank (each backward() "
+                                   f"through DDP counted: it all-reduces the gradients outside no_sync())"),)),
     Rule("every rank runs to the end", crashed, data=True),
     Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
     Rule("the replicas start from the same weights", same_start, ANY, says=(((2,), _drift),)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workshop_lib.engine import torch_errors
-from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.errors import WorkshopError
 from workshop_lib.launching import ends
 from workshop_lib.launching.forklaunch import HANG_AFTER, HangError, LaunchTimeout, RanksFailed, notebook_launch
 
@@ -126,26 +126,26 @@ def _call(fn: Callable, name: str, *args):
 
 
 def said(err: Exception, name: str, why: str | None = None) -> str:
-    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it);
-    ``why``: the cause, where the caller's record knows it better than torch's words."""
+    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it): its
+    end record (:func:`~workshop_lib.launching.ends.record`) in :func:`told`'s words; ``why``: the cause, where the
+    caller's record knows it better than torch's words."""
+    from workshop_lib.engine.recorder import _rank
+
     if isinstance(err, NotImplementedError):
         return still_todo(name)
     if "not been initialized" in str(err):
         return (f"{name} looked for a process group, and there is none here (torch: Default process group has not "
                 f"been initialized)")
-    return f"{name} raised {raised(err, why)}"
+    return told(ends.record(_rank(), err), name, why)
 
 
-def raised(err: Exception, why: str | None = None) -> str:
-    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
-    where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
-    from workshop_lib.debug import frames
-    from workshop_lib.engine.recorder import _rank
-
-    mine = frames.raised_at(err)  # the innermost line of the learner's code
-    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _rank()))
-    return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
-            + (f"; {why}" if why else ""))
+def told(end: dict, subject: str | None = None, why: str | None = None) -> str:
+    """An end record in one line (:func:`~workshop_lib.launching.ends.summary`, by its line: the cell is before the
+    reader) with its cause: ``why``, else where it is known (one of :mod:`torch_errors`, or a name left None on its
+    rank by a rank test)."""
+    why = why or torch_errors.explain(end.get("detail")) or (
+        end.get("line") and _none_cause(end["file"], end["line"], end["message"], end["rank"]))
+    return ends.summary(end, by_line=True, subject=subject) + (f"; {why}" if why else "")
 
 
 def rank_alone(ended: list[dict]) -> str | None:
@@ -187,23 +187,20 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     line, with ``fix``, read from the ranks' end records; past ``timeout``, ``timed_out()``'s line where it has one."""
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend, hang_after=hang_after)
-    except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
-        if alone := rank_alone(err.ends):
-            raise CheckFailed(alone) from None
-        diagnosis = err.diagnosis
-        raise CheckFailed(diagnosis if "every rank must" in diagnosis
-                          else f"{diagnosis}: {fix}, or the others wait for it") from None
+    except HangError as err:  # the cause read from the records and the learner's code, else the watch's line and the fix
+        waiter = next((e for e in err.ends if e["waited_for"]), {"waited_for": []})
+        shapes = any(e["call"] == waiter.get("call") for e in err.ends if e["rank"] in waiter["waited_for"])
+        raise CheckFailed(rank_alone(err.ends) or err.diagnosis + (  # in the same call: the line says which shapes
+            "" if shapes else f": {fix}, or the others wait for it")) from None
     except LaunchTimeout:
         if timed_out is not None and (why := timed_out()):
             raise CheckFailed(why) from None
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:
-        culprit = err.ends[0]  # the first to fail
         if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
-        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None) or (
-            culprit.get("line") and _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"]))
-        raise CheckFailed(f"a rank failed: {ends.summary(culprit)}" + (f"; {why}" if why else "")) from None
+        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None)
+        raise CheckFailed(f"a rank failed: {told(err.ends[0], why=why)}") from None  # the first to fail
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

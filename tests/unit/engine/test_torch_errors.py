@@ -77,6 +77,13 @@ def test_each_error_torch_raises_for_a_mistake_is_explained(case):
     assert says in (explain(_raised(fn)) or ""), _raised(fn)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the errors of a machine without a GPU")
+@pytest.mark.parametrize("call", [lambda: torch.cuda.set_device(1), lambda: torch.zeros(1, device="cuda")],
+                         ids=["set_device", "a tensor"])
+def test_a_cuda_call_without_a_gpu_is_explained(call):
+    assert "this machine has no GPU: call CUDA only where torch.cuda.is_available()" in (explain(_raised(call)) or "")
+
+
 @pytest.mark.parametrize("case", JOINED)
 def test_each_error_torch_raises_in_a_group_is_explained(case, world_of_one):
     fn, says = JOINED[case]

@@ -13,7 +13,7 @@ _UNEQUAL_ITEMS = re.compile(r"stack expects each tensor to be equal size|each el
                             r"equal size")
 
 KNOWN: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"object has no attribute 'module'"),
+    (re.compile(r"(?<!'NoneType') object has no attribute 'module'"),  # None: a name left unset (branches)
      "`.module` is the model inside DDP's wrapper, and this model was never wrapped: wrap it with DDP(model) first, "
      "or use the model itself where there is no wrapper"),
     (re.compile(r"Expected timeout argument to be of type datetime\.timedelta"),

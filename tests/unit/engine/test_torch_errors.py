@@ -97,6 +97,8 @@ def test_the_collate_error_is_set_up_by_the_loader_and_the_others_where_they_rai
 
 def test_an_error_of_another_kind_is_left_to_torchs_words():
     assert explain("CUDA out of memory. Tried to allocate 2.00 GiB") is None
+    # a name left None (set under a rank test) is not a model never wrapped: branches.unset_on_rank says which
+    assert explain("'NoneType' object has no attribute 'module'") is None
 
 
 def _module_of_a_plain_model(env):

@@ -21,8 +21,8 @@ from workshop_lib.engine.common import (
     first,
     is_number,
     judge_prediction,
-    raised,
     run_forked,
+    said,
     verdict,
 )
 
@@ -135,7 +135,7 @@ def _sharded(env, shard: Callable, evaluate_and_save: Callable, path: str) -> di
     except NotImplementedError:
         raise  # the check says: fill in its TODO
     except Exception as err:  # judged with the forwards below: a rank alone in a collective fails
-        error = raised(err)
+        error = said(err, "evaluate_and_save")
     dist.barrier()  # the ranks go on together, as a training loop would
     saved = torch.load(path, weights_only=False) if env.rank == 0 and Path(path).exists() else None
     with torch.no_grad():
@@ -165,7 +165,7 @@ def fsdp(shard: Callable, evaluate_and_save: Callable, nprocs: int = 2, timeout:
     forwards, units, saved = [r["forwards"] for r in ranks], ranks[0]["units"], ranks[0]["saved"] or {}
     kind = next((kind for kind, _ in saved.values() if kind != "Tensor"), None)
     verdict(first((len(set(forwards)) > 1, f"the ranks ran the forward {forwards} times: {alone}"),
-                  *((True, f"evaluate_and_save raised {r['error']}") for r in ranks if r["error"]),
+                  *((True, r["error"]) for r in ranks if r["error"]),
                   (len(units) < 4, f"fully_shard units: {', '.join(units)}: call fully_shard on each LSTM and on the "
                                    f"head, then on the model, so that one block at a time is whole"),
                   (not all(r["logits_ok"] for r in ranks), "evaluate_and_save must return the model's logits on every "

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from workshop_lib.engine import rules
-from workshop_lib.engine.common import CheckFailed, judge_prediction, raised, run_forked, said, still_todo, verdict
+from workshop_lib.engine.common import CheckFailed, judge_prediction, run_forked, said, still_todo, verdict
 from workshop_lib.engine.recorder import Recorder, _of, recording
 from workshop_lib.engine.runner import Run
 
@@ -184,7 +184,7 @@ def autocast(autocast_loss: Callable, batch, vocab: int) -> None:
     if wrong:
         raise CheckFailed(wrong)
     if error is not None:
-        raise CheckFailed(f"autocast_loss raised {raised(error)}")
+        raise CheckFailed(said(error, "autocast_loss"))
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise CheckFailed(f"autocast_loss returned {type(loss).__name__}: return the loss, one number (a 0-dim tensor)")
     if not logits or logits[0] not in SIXTEEN_BITS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workshop_lib.engine import torch_errors
-from workshop_lib.errors import WorkshopError, first_line
+from workshop_lib.errors import WorkshopError
 from workshop_lib.launching import ends
 from workshop_lib.launching.forklaunch import HANG_AFTER, HangError, LaunchTimeout, RanksFailed, notebook_launch
 
@@ -84,16 +84,6 @@ def judge_prediction(name: str, predicted, measured, right: bool | None, why: st
         verdict(None if right and not _empty(predicted) else line, line, prediction=True)
 
 
-def _none_cause(filename: str, line: int, message: str, rank: int | None) -> str | None:
-    """Where the learner's code left a name None on ``rank`` (set only under a rank test), for "'NoneType' object has
-    no attribute" raised at ``line`` of ``filename`` (a notebook cell's too: IPython keeps its text in linecache)."""
-    from workshop_lib.engine import branches
-
-    text = _text(filename)
-    return (branches.unset_on_rank(text, line, "AttributeError", message, rank)
-            or ("NoneType" in message and _collective_result(text, line)) or None)
-
-
 def _collective_result(source: str, line: int) -> str | None:
     """A name read at ``line`` that holds what a collective returned (``value = dist.all_reduce(value)``): None."""
     import ast
@@ -116,51 +106,50 @@ def _collective_result(source: str, line: int) -> str | None:
 
 
 def _call(fn: Callable, name: str, *args):
-    """``fn(*args)``, the learner's function; what it raises becomes one line: where, torch's words, the cause."""
+    """``fn(*args)``, the learner's function, in this process; what it raises becomes one line (:func:`said`)."""
     try:
         return fn(*args)
     except CheckFailed:
         raise
-    except Exception as err:
-        raise CheckFailed(said(err, name)) from None
+    except Exception as err:  # torch's "not been initialized": here no group was joined, and none is needed
+        alone = "not been initialized" in str(err) and f"{name} runs in this one process, which joined no process " \
+                                                        f"group: leave the dist calls out of it"
+        raise CheckFailed(said(err, name, alone or None)) from None
 
 
 def said(err: Exception, name: str, why: str | None = None) -> str:
-    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it);
-    ``why``: the cause, where the caller's record knows it better than torch's words."""
-    if isinstance(err, NotImplementedError):
-        return still_todo(name)
-    if "not been initialized" in str(err):
-        return (f"{name} looked for a process group, and there is none here (torch: Default process group has not "
-                f"been initialized)")
-    return f"{name} raised {raised(err, why)}"
-
-
-def raised(err: Exception, why: str | None = None) -> str:
-    """What the learner's code raised, in one line: the type, its line, torch's words, and the cause: ``why``, else
-    where it is known (one of :mod:`torch_errors`, or a name left None on this rank by a rank test)."""
-    from workshop_lib.debug import frames
+    """The one line for what the learner's function ``name`` raised (in a rank too, where the rank returns it): its
+    end record (:func:`~workshop_lib.launching.ends.record`) in :func:`told`'s words; ``why``: the cause, where the
+    caller's record knows it better than torch's words."""
     from workshop_lib.engine.recorder import _rank
 
-    mine = frames.raised_at(err)  # the innermost line of the learner's code
-    why = why or torch_errors.explain(str(err)) or (mine and _none_cause(mine.filename, mine.lineno, str(err), _rank()))
-    return (f"{type(err).__name__}{f' (line {mine.lineno})' if mine else ''}: {first_line(err, 300)}"
-            + (f"; {why}" if why else ""))
+    return still_todo(name) if isinstance(err, NotImplementedError) else told(ends.record(_rank(), err), name, why)
 
 
-def rank_alone(ended: list[dict]) -> str | None:
-    """A hang whose cause is a collective under a rank test: the waiting rank's line first, then the ranks it waited
-    for, read from their ``waiting`` end records (:func:`~workshop_lib.launching.ends.waiting`: each rank's innermost
-    frame of the learner's) and the learner's code (:mod:`branches`)."""
+def told(end: dict, subject: str | None = None, why: str | None = None) -> str:
+    """An end record in one line (:func:`~workshop_lib.launching.ends.summary`, by its line: the cell is before the
+    reader) with its cause: ``why``, else where it is known (one of :mod:`torch_errors`, or a name left None on its
+    rank by a rank test)."""
+    from workshop_lib.engine import branches
+
+    why = why or torch_errors.explain(end.get("detail"))
+    if not why and end.get("line"):  # a notebook cell's text too: IPython keeps it in linecache
+        text, line = _text(end["file"]), end["line"]
+        why = branches.unset_on_rank(text, line, end["type"], end["message"], end["rank"]) or (
+            "NoneType" in end["message"] and _collective_result(text, line)) or None
+    said = ends.summary(end, by_line=True, subject=subject)
+    return f"{said.rstrip('.')}; {why}" if why else said
+
+
+def rank_alone(waiting: list[dict]) -> str | None:
+    """A hang whose cause is a collective under a rank test, read from ``waiting`` end records (the waiting rank's
+    first, then the ranks it waited for; :func:`~workshop_lib.launching.ends.waiting`: each rank's innermost frame of
+    the learner's) and the learner's code (:mod:`branches`)."""
     import ast
 
     from workshop_lib.engine import branches
 
-    waiter = next((e for e in ended if e.get("waited_for")), None)
-    if waiter is None:
-        return None
-    by_rank = {e["rank"]: e for e in ended}
-    for end in (waiter, *(by_rank[r] for r in waiter["waited_for"] if r in by_rank)):
+    for end in waiting:
         file, line, _, code = (end.get("frames") or [[None] * 4])[-1]
         found = file and branches.under_rank([(_text(file), line)])
         if found:
@@ -187,23 +176,21 @@ def run_forked(fn: Callable, nprocs: int, *args, timeout: float = 60, name: str 
     line, with ``fix``, read from the ranks' end records; past ``timeout``, ``timed_out()``'s line where it has one."""
     try:
         return notebook_launch(fn, nprocs, *args, timeout=timeout, backend=backend, hang_after=hang_after)
-    except HangError as err:  # the cause read from the record and the learner's code, else the watch's line and the fix
-        if alone := rank_alone(err.ends):
-            raise CheckFailed(alone) from None
-        diagnosis = err.diagnosis
-        raise CheckFailed(diagnosis if "every rank must" in diagnosis
-                          else f"{diagnosis}: {fix}, or the others wait for it") from None
+    except HangError as err:  # the cause read from the records and the learner's code, else the watch's line and the fix
+        waiter = next((e for e in err.ends if e["waited_for"]), {"waited_for": []})
+        waiting = [waiter, *(e for e in err.ends if e["rank"] in waiter["waited_for"])]
+        same = any(e["call"] == waiter.get("call") for e in waiting[1:])  # its shapes differ: the watch's line says so
+        raise CheckFailed(rank_alone(waiting) or err.diagnosis + ("" if same else f": {fix}, or the others wait for it")
+                          ) from None
     except LaunchTimeout:
         if timed_out is not None and (why := timed_out()):
             raise CheckFailed(why) from None
         raise CheckFailed(f"the ranks did not finish within {timeout:g}s: a rank waits in a collective that "
                           f"another rank never joins; {fix}") from None
     except RanksFailed as err:
-        culprit = err.ends[0]  # the first to fail
         if any(end.get("type") == "NotImplementedError" for end in err.ends):
             raise CheckFailed(still_todo(name or "your function")) from None
-        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None) or (
-            culprit.get("line") and _none_cause(culprit["file"], culprit["line"], culprit["message"], culprit["rank"]))
-        raise CheckFailed(f"a rank failed: {ends.summary(culprit)}" + (f"; {why}" if why else "")) from None
+        why = next(filter(None, (torch_errors.explain(end.get("detail")) for end in err.ends)), None)
+        raise CheckFailed(f"a rank failed: {told(err.ends[0], why=why)}") from None  # the first to fail
     except WorkshopError as err:  # the ranks could not start (a function spawn cannot send, CUDA before a fork)
         raise CheckFailed(str(err)) from None

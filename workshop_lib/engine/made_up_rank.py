@@ -16,7 +16,6 @@ import io
 import os
 import shutil
 import tempfile
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -27,9 +26,8 @@ import torch.distributed as dist
 
 from workshop_lib.debug.launchenv import launch_variables
 from workshop_lib.engine import runner, torch_errors
-from workshop_lib.engine.common import CheckFailed, run_forked, said, still_todo, verdict
+from workshop_lib.engine.common import CheckFailed, run_forked, said, verdict
 from workshop_lib.engine.recorder import Recorder, _at, _of, call_name, recording, waiting_in
-from workshop_lib.launching import ends
 
 RANK, LOCAL_RANK, WORLD, PER_NODE = 3, 1, 4, 2  # the made-up GPU node's rank
 TIMEOUT = 6.0  # the group timeout setup is given: a join that cannot complete raises there (2 forked ranks meet in
@@ -52,7 +50,7 @@ def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
                 device = setup(TIMEOUT)
         except Exception as err:
             given = _given(rec.events, rank)
-            end = said(err, "setup", given or _with_nccl(rec.events) or _no_gpu(err))
+            end = said(err, "setup", given or _with_nccl(rec.events))
     rec.close()
     joined = dist.is_initialized() and end is None
     return {"rank": rank, "end": end, "given": given, "device": str(device), "events": rec.events, "joined": joined,
@@ -78,14 +76,6 @@ def _with_nccl(events: list[dict]) -> str | None:
     return (f"init_process_group builds every backend of {backend!r}, NCCL too, which needs GPUs and a torch built "
             f"with NCCL: where there is no GPU pass \"gloo\", or leave the backend out (torch picks the one of this "
             f"machine's accelerator, gloo where there is none)")
-
-
-def _no_gpu(err: Exception) -> str | None:
-    """A CUDA call where there is no GPU: raised from within torch.cuda."""
-    if any(f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename for f in traceback.extract_tb(err.__traceback__)):
-        return ("this machine has no GPU: call CUDA only where torch.cuda.is_available() (on the CPU: device cpu, "
-                "backend gloo)")
-    return None
 
 
 def _stuck(folder: str) -> str | None:
@@ -186,12 +176,10 @@ def _on_a_gpu_node(setup: Callable) -> tuple[str | None, list[dict]]:
         try:
             with contextlib.redirect_stdout(io.StringIO()), recording(rec):  # observes the fakes as it observes torch
                 device = setup(TIMEOUT)
-        except NotImplementedError:
-            return still_todo("setup"), rec.events
         except CheckFailed as err:
             return str(err), rec.events
         except Exception as err:  # the learner's error, said in one line
-            return f"on a made-up node with 2 GPUs, {ends.summary(ends.record(RANK, err), by_line=True)}", rec.events
+            return f"on a made-up node with 2 GPUs, {said(err, 'setup')}", rec.events
     return _mistake(rec.events, device), rec.events
 
 
@@ -204,16 +192,13 @@ def _index(arg) -> int | None:
         return None
 
 
-def _backend_for(backend, kind: str) -> str | None:
-    """The backend that ``init_process_group(backend)`` uses for ``kind`` tensors: None when left out (torch picks
-    the device's), the entry for ``kind`` of a ``"cpu:gloo,cuda:nccl"`` string, else the one named."""
-    if backend in (None, "None"):
-        return None
-    text = str(backend).lower()
-    if ":" not in text:
+def _gpu_backend(backend) -> str | None:
+    """The backend that ``init_process_group(backend)`` uses for cuda tensors: None when left out (torch picks the
+    device's), the cuda entry of a ``"cpu:gloo,cuda:nccl"`` string ("none" where it has none), else the one named."""
+    text = None if backend in (None, "None") else str(backend).lower()
+    if not text or ":" not in text:
         return text
-    pairs = dict(part.strip().split(":", 1) for part in text.split(",") if ":" in part)
-    return pairs.get(kind, "none")
+    return dict(part.strip().split(":", 1) for part in text.split(",") if ":" in part).get("cuda", "none")
 
 
 def _mistake(events: list[dict], device) -> str | None:
@@ -223,7 +208,7 @@ def _mistake(events: list[dict], device) -> str | None:
     init, joined = (next(iter(_of(events, "init", phase=phase)), None) for phase in ("enter", "exit"))
     if init is None or joined is None:
         return "setup never called dist.init_process_group: join the group that torchrun describes"
-    if _backend_for(init["backend"], "cuda") not in ("nccl", None):
+    if _gpu_backend(init["backend"]) not in ("nccl", None):
         return (f"{where} setup joined with backend {init['backend']!r}, which has no nccl for cuda tensors: join "
                 f"with the backend for the device, dist.get_default_backend_for_device(device) (nccl on a GPU, gloo "
                 f"on a CPU), or leave the backend out")

@@ -801,6 +801,7 @@ RULES = (
     Rule("every rank runs to the end", crashed, data=True),
     Rule("a value one rank received decides nothing on the others", one_rank_decides, ANY),
     Rule("the replicas start from the same weights", same_start, ANY, says=(((2,), _drift),)),
+    Rule("gradients all-reduced by hand are waited for before the optimizer step reads them", unwaited, ANY),
     Rule("the replicas are equal after every step (DDP wraps the model)", replicas, (None, *DDP),
          says=((DDP, lambda c: "spread after every step " + (f"at most {most:.1g}" if (
              most := max(spreads(c.run.params), default=0.0)) else "0.0")), ((None,), _any_replicas))),
@@ -836,7 +837,6 @@ RULES = (
          "weights are the same)", lambda c: None, ANY, says=(((None, *ALL), lambda c: _note(accumulation(c))),)),
     Rule("gradients all-reduced by hand start asynchronously in backward() (a note where they block)", lambda c: None,
          ANY, says=(((None, *ALL), lambda c: _note(blocked(c))),)),
-    Rule("gradients all-reduced by hand are waited for before the optimizer step reads them", unwaited, ANY),
 )
 
 

@@ -13,7 +13,7 @@ _UNEQUAL_ITEMS = re.compile(r"stack expects each tensor to be equal size|each el
                             r"equal size")
 
 KNOWN: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"object has no attribute 'module'"),
+    (re.compile(r"(?<!'NoneType') object has no attribute 'module'"),  # None: a name left unset (branches)
      "`.module` is the model inside DDP's wrapper, and this model was never wrapped: wrap it with DDP(model) first, "
      "or use the model itself where there is no wrapper"),
     (re.compile(r"Expected timeout argument to be of type datetime\.timedelta"),
@@ -39,6 +39,9 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"Distributed package doesn't have NCCL built in|ProcessGroupNCCL is only supported with GPUs|"
                 r"nccl2? requires at least one CUDA device"),  # a CPU build; a CUDA build without GPUs (2.15)
      "nccl needs GPUs: use gloo on CPU (dist.get_default_backend_for_device picks it)"),
+    (re.compile(r"Torch not compiled with CUDA enabled|has no attribute '_cuda_|No CUDA GPUs are available|"
+                r"Found no NVIDIA driver"),  # a CPU build (a CUDA call, or its C function absent); a CUDA build
+     "this machine has no GPU: call CUDA only where torch.cuda.is_available() (on the CPU: device cpu, backend gloo)"),
     (re.compile(r"device_id parameter must be (?:an accelerator with an index|a device with a valid index)"),  # 2.13|2.15
      "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
      "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),

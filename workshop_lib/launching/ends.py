@@ -15,7 +15,7 @@ from workshop_lib.errors import first_line
 _FAULTHANDLER = re.compile(r"^Fatal Python error: ", re.MULTILINE)  # where faulthandler's dump of the stacks starts
 
 
-def record(rank: int, err: BaseException | None, within: str | None = None) -> dict:
+def record(rank: int | None, err: BaseException | None, within: str | None = None) -> dict:
     """How rank ``rank``'s code ended: ``returned``; ``exit`` (a non-zero SystemExit: its ``code``); ``raised`` (its
     ``type``, ``detail``: torch's whole message, capped, where it names what it means). ``message``: the first line.
     ``file``, ``line``, ``function``: the learner's innermost frame (else the innermost; ``within`` a file: that
@@ -78,22 +78,22 @@ def waiting(blocks: list[dict]) -> list[dict]:
     return found
 
 
-def summary(end: dict, by_line: bool = False) -> str:
+def summary(end: dict, by_line: bool = False, subject: str | None = None) -> str:
     """The one line of an end record: 'rank 1 raised ValueError: why (File "f", line 3, in g)', 'rank 0 exited with
     code 2: why', 'rank 1 died of SIGABRT (exit code -6) without a Python error; its last lines: ...'. ``by_line``: the
     reader has the file before them (a checked script's, a cell's), so its line alone, first: 'rank 1 raised
-    ValueError (line 3): why'."""
-    rank, how, code = end["rank"], end["how"], end.get("code")
+    ValueError (line 3): why'. ``subject``: who ran the code, where not the rank ('setup', a cell's function)."""
+    who, how, code = subject or f"rank {end['rank']}", end["how"], end.get("code")
     at = f" (line {end['line']})" if by_line and end.get("line") else ""
     where = f' (File "{end["file"]}", line {end["line"]}, in {end["function"]})' if end.get("line") and not at else ""
     if how == "raised":
-        return f"rank {rank} raised {end['type']}{at}" + (f": {end['message']}" if end.get("message") else "") + where
+        return f"{who} raised {end['type']}{at}" + (f": {end['message']}" if end.get("message") else "") + where
     if how == "exit":
-        return f"rank {rank} exited with code {code}{at}: {end['message']}{where}"
+        return f"{who} exited with code {code}{at}: {end['message']}{where}"
     if how in ("waiting", "timed out"):
-        return f"rank {rank} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
-                                  how == "waiting" else "did not finish in time") + at + where
+        return f"{who} " + (f"waited in {end['call']}" if end.get("call") else "was in no collective" if
+                             how == "waiting" else "did not finish in time") + at + where
     died = (f"died of {end['signal']} (exit code {code})" if end.get("signal") else
             f"exited with code {code}" if code is not None else "ended")
     said = f"; its last lines: {end['detail']}" if end.get("detail") else "; it printed nothing"
-    return f"rank {rank} {died} without a Python error{said}"
+    return f"{who} {died} without a Python error{said}"

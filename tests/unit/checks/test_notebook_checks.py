@@ -15,7 +15,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from workshop_lib.checks import ddp, group, sampler
 from workshop_lib.data import collate
+from workshop_lib.debug import hangreport
+from workshop_lib.debug.hangwatch import Call
 from workshop_lib.engine import common
+from workshop_lib.launching import ends
+from workshop_lib.launching.forklaunch import HangError
 
 # ------------------------------------------------------------------ 02: shards (real ranks: 2, one a node, then 3)
 
@@ -474,6 +478,35 @@ def test_a_rank_crash_on_a_name_set_on_rank_0_alone_names_the_assignment():
             f"log is None on rank 1, set only where `env.rank == 0` holds (line {first + 2}): run line {first + 4} "
             f"under the same condition, or create log on every rank")):
         common.run_forked(report_on_rank0, 2, name="report", timeout=60)
+
+
+def _hang_of(other: dict | None) -> HangError:
+    """The HangError of rank 0 waiting in all_reduce #2 (float32[3]) while rank 1 is in ``other``, as the launcher
+    raises it: the watch's saved block (hangreport), its one line, and each rank's waiting record (ends.waiting)."""
+    mine = {"op": "all_reduce", "seq": 2, "tensors": "float32[3]", "since": 0.0, "where": "t.py:9 in train()"}
+    answers = {r: {"frames": [], "inner": "", "current": c, "last": None, "history": [], "left": False}
+               for r, c in ((0, mine), (1, other))}
+    lines = hangreport.explain(0, Call("all_reduce", 2, "float32[3]", 0.0, "t.py:9 in train()"), "has waited 6 s",
+                               answers, 2)
+    block = {"rank": 0, "waiting_for": hangreport.never_arrived(lines), "answers": {str(r): a for r, a in answers.items()}}
+    return HangError("the ranks hang", ends.waiting([block]), hangreport.one_line(lines), None)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("other, fix", [
+    (None, True),  # rank 1 in no collective: the watch's line, then the fix
+    ({"op": "all_reduce", "seq": 2, "tensors": "float32[1]", "since": 0.0, "where": "t.py:9 in train()"}, False)])
+def test_a_hang_is_said_from_the_waiting_records_with_the_fix_once(monkeypatch, other, fix):
+    hang = _hang_of(other)
+
+    def launch(*_, **__):
+        raise hang
+
+    monkeypatch.setattr(common, "notebook_launch", launch)
+    with pytest.raises(common.CheckFailed) as err:
+        common.run_forked(report_on_rank0, 2, fix="every rank must call it")
+    assert str(err.value) == hang.diagnosis + (": every rank must call it, or the others wait for it" if fix else "")
+    assert fix or "every rank must pass the same shape and dtype" in hang.diagnosis  # rank 1 in the same call
 
 
 # ------------------------------------------------------------- 03: the learner's own torchrun, read back

@@ -155,3 +155,41 @@ def test_a_script_accumulating_without_no_sync_passes_with_a_note_naming_its_lin
                 "ran outside no_sync(), where one per step suffices (the same weights, to rounding); run the forward "
                 "and backward of all but the last micro-batch of each step inside `with model.no_sync():` (the forward "
                 "too)" in line) is note, line
+
+
+# ----------------------------------------------------------------------------- a script written elsewhere, by hand
+
+WRAP = "        self.model = DDP(self.model, device_ids=[self.local_rank] if torch.cuda.is_available() else None)\n"
+HOOKS = """        self.handles = []  # each gradient all-reduced by hand as backward() makes it, in place of DDP
+        for p in self.model.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: self.handles.append(dist.all_reduce(p.grad, async_op=True)))
+"""
+
+
+def _by_hand_script(folder, waited: bool):
+    folder.mkdir()
+    shutil.copy(ELSEWHERE / "datautils.py", folder)
+    text = (ELSEWHERE / "train.py").read_text()
+    assert text.count(WRAP) == text.count(ONE_BATCH) == 1, "train.py changed: update the edit"
+    wait = "        for handle in self.handles:\n            handle.wait()\n" if waited else ""
+    path = folder / "by_hand.py"
+    path.write_text(text.replace(WRAP, HOOKS).replace(ONE_BATCH, ONE_BATCH + wait + "        self.handles.clear()\n")
+                    .replace("self.model.module.state_dict()", "self.model.state_dict()"))
+    lines = path.read_text().splitlines()
+    return path, *(next(i for i, code in enumerate(lines, 1) if s in code)
+                   for s in ("self.optimizer.step()", "dist.all_reduce(p.grad"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_script_all_reducing_by_hand_is_named_by_its_unwaited_handles_not_by_a_missing_ddp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for waited in (False, True):
+        path, step, hook = _by_hand_script(tmp_path / f"waited{waited}", waited)
+        [(status, line)] = script.check_scripts([path], argv=["2", "1", "--snapshot_path", str(path.parent / "s.pt")])
+        if waited:
+            assert status == "done" and line.startswith("by_hand.py: 2 ranks, 2 epoch(s)"), line
+        else:
+            assert status != "done" and line.endswith(
+                f"all-reduces were still unwaited at optimizer.step() (line {step}): the step may read a gradient "
+                f"before its all-reduce (line {hook}) ends; wait() on every handle after backward(), then clear them"), line

@@ -236,7 +236,7 @@ ONE_GPU = SOURCE.replace(SET_DEVICE, SET_DEVICE + '        if torch.cuda.device_
     (SOURCE.replace('dist.init_process_group("nccl",', 'dist.init_process_group("gloo",'),
      "setup as a made-up rank 3 of 4 (nothing joined): on a node with 2 GPUs setup joined with backend 'gloo', which "
      "has no nccl for cuda tensors"),
-    (ONE_GPU, "setup as a made-up rank 3 of 4 (nothing joined): on a made-up node with 2 GPUs, rank 3 raised "
+    (ONE_GPU, "setup as a made-up rank 3 of 4 (nothing joined): on a made-up node with 2 GPUs, setup raised "
               f"ValueError (line {line('torch.cuda.set_device(device)') + 2}): one GPU a node"),
 ], ids=["set_device_global_rank", "no_set_device", "gloo_on_gpus", "raised"])
 def test_the_made_up_gpu_node_is_a_row_judged_from_its_record(text, expected):

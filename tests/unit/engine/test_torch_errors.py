@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from datetime import timedelta
 
@@ -76,6 +77,13 @@ def test_each_error_torch_raises_for_a_mistake_is_explained(case):
     assert says in (explain(_raised(fn)) or ""), _raised(fn)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the errors of a machine without a GPU")
+@pytest.mark.parametrize("call", [lambda: torch.cuda.set_device(1), lambda: torch.zeros(1, device="cuda")],
+                         ids=["set_device", "a tensor"])
+def test_a_cuda_call_without_a_gpu_is_explained(call):
+    assert "this machine has no GPU: call CUDA only where torch.cuda.is_available()" in (explain(_raised(call)) or "")
+
+
 @pytest.mark.parametrize("case", JOINED)
 def test_each_error_torch_raises_in_a_group_is_explained(case, world_of_one):
     fn, says = JOINED[case]
@@ -89,6 +97,8 @@ def test_the_collate_error_is_set_up_by_the_loader_and_the_others_where_they_rai
 
 def test_an_error_of_another_kind_is_left_to_torchs_words():
     assert explain("CUDA out of memory. Tried to allocate 2.00 GiB") is None
+    # a name left None (set under a rank test) is not a model never wrapped: branches.unset_on_rank says which
+    assert explain("'NoneType' object has no attribute 'module'") is None
 
 
 def _module_of_a_plain_model(env):
@@ -101,7 +111,7 @@ def test_a_check_cell_gives_torchs_line_where_it_was_raised_then_the_cause_and_t
     with pytest.raises(CheckFailed) as err:
         run_forked(_module_of_a_plain_model, 2, name="evaluate")
     line = str(err.value)
-    assert re.match(r"a rank failed: rank [01] raised AttributeError: 'Linear' object has no attribute 'module' "
-                    r'\(File ".*test_torch_errors.py", line \d+, in _module_of_a_plain_model\); `.module` is the model '
-                    r"inside DDP's wrapper", line), line
+    line_of = inspect.getsourcelines(_module_of_a_plain_model)[1] + 1
+    assert re.match(rf"a rank failed: rank [01] raised AttributeError \(line {line_of}\): 'Linear' object has no "
+                    r"attribute 'module'; `.module` is the model inside DDP's wrapper", line), line
     assert "\n" not in line

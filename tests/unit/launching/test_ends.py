@@ -79,3 +79,4 @@ def test_one_summary_says_a_frame_by_its_file_or_by_its_line_alone_where_the_rea
     assert ends.summary(end) == f"rank 1 raised KeyError: 'smiles' (File \"{__file__}\", line {line}, in {end['function']})"
     assert ends.summary(end, by_line=True) == f"rank 1 raised KeyError (line {line}): 'smiles'"
     assert ends.summary({**end, "message": ""}, by_line=True) == f"rank 1 raised KeyError (line {line})"
+    assert ends.summary(end, by_line=True, subject="make_loader") == f"make_loader raised KeyError (line {line}): 'smiles'"

@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from workshop_lib.checks import ddp, group, sampler
 from workshop_lib.data import collate
 from workshop_lib.debug import hangreport
-from workshop_lib.debug.hangwatch import Call
 from workshop_lib.engine import common
 from workshop_lib.launching import ends
 from workshop_lib.launching.forklaunch import HangError
@@ -483,19 +482,20 @@ def test_a_rank_crash_on_a_name_set_on_rank_0_alone_names_the_assignment():
 def _hang_of(other: dict | None) -> HangError:
     """The HangError of rank 0 waiting in all_reduce #2 (float32[3]) while rank 1 is in ``other``, as the launcher
     raises it: the watch's saved block (hangreport), its one line, and each rank's waiting record (ends.waiting)."""
-    mine = {"op": "all_reduce", "seq": 2, "tensors": "float32[3]", "since": 0.0, "where": "t.py:9 in train()"}
+    mine = {"kind": "collective", "name": "all_reduce", "seq": 2, "n": 2, "tensors": "float32[3]", "t": 0.0,
+            "where": "t.py:9 in train()"}
     answers = {r: {"frames": [], "inner": "", "current": c, "last": None, "history": [], "left": False}
                for r, c in ((0, mine), (1, other))}
-    lines = hangreport.explain(0, Call("all_reduce", 2, "float32[3]", 0.0, "t.py:9 in train()"), "has waited 6 s",
-                               answers, 2)
-    block = {"rank": 0, "waiting_for": hangreport.never_arrived(lines), "answers": {str(r): a for r, a in answers.items()}}
-    return HangError("the ranks hang", ends.waiting([block]), hangreport.one_line(lines), None)
+    report = hangreport.explain(0, mine, "has waited 6 s", answers, 2)
+    block = {"rank": 0, "waiting_for": report["missing"], "answers": {str(r): a for r, a in answers.items()}}
+    return HangError("the ranks hang", ends.waiting([block]), report["line"], None)
 
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("other, fix", [
     (None, True),  # rank 1 in no collective: the watch's line, then the fix
-    ({"op": "all_reduce", "seq": 2, "tensors": "float32[1]", "since": 0.0, "where": "t.py:9 in train()"}, False)])
+    ({"kind": "collective", "name": "all_reduce", "seq": 2, "n": 2, "tensors": "float32[1]", "t": 0.0,
+      "where": "t.py:9 in train()"}, False)])
 def test_a_hang_is_said_from_the_waiting_records_with_the_fix_once(monkeypatch, other, fix):
     hang = _hang_of(other)
 

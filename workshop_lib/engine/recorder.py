@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from workshop_lib import data, metrics, report
 from workshop_lib.debug import collectives, frames
+from workshop_lib.launching import ends
 from workshop_lib.launching.joining import let_gloo_finish
 
 
@@ -385,13 +386,6 @@ def recording(rec: Recorder) -> Iterator[Recorder]:
 
 # ----------------------------------------------------------------------------- reading the records
 
-# Torch's words are the one source of these two: a rank whose collective raised because a peer went away (gloo's
-# "Connection closed by peer", "Connection reset by peer"), or because the group's own timeout passed. Not the culprit.
-_LOST = ("Connection closed", "Connection reset", "Broken pipe", "lost contact", "connection refused",
-         "Connection refused", "ECONNRESET", "EPIPE", "peer", "Socket closed")
-_TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
-
-
 def _of(events: list[dict], kind: str, **match) -> list[dict]:
     return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
 
@@ -407,25 +401,13 @@ def _and(items: Iterable) -> str:
 
 
 def end(events: list[dict]) -> dict | None:
-    ends = _of(events, "end")
-    return ends[-1] if ends else None
+    found = _of(events, "end")
+    return found[-1] if found else None
 
 
 def how(events: list[dict]) -> str:
-    """The end record's own ``how`` (:mod:`~workshop_lib.launching.ends`): 'returned', 'exit', 'raised', 'killed' (its
-    process died), 'waiting' or 'timed out' (the runner stopped it); of a raise, where torch's words say so, 'lost'
-    (a peer went away) or 'group timeout' (the group's timeout); 'stopped' where the rank left no record at all."""
-    e = end(events)
-    if e is None:
-        return "stopped"
-    if e["how"] != "raised":
-        return e["how"]
-    message = e.get("message") or ""
-    if any(s in message for s in _TIMED_OUT):
-        return "group timeout"
-    if any(s in message for s in _LOST):
-        return "lost"
-    return "raised"
+    """How this rank ended: its end record's :func:`~workshop_lib.launching.ends.how`."""
+    return ends.how(end(events))
 
 
 def waiting_in(events: list[dict]) -> dict | None:

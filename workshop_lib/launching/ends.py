@@ -37,6 +37,32 @@ def record(rank: int | None, err: BaseException | None, within: str | None = Non
     return end
 
 
+# Torch's words are the one source of these two: a rank whose collective raised because a peer went away (gloo's
+# "Connection closed by peer", "Connection reset by peer"), or because the group's own timeout passed. Not the culprit.
+_LOST = ("Connection closed", "Connection reset", "Broken pipe", "lost contact", "connection refused",
+         "Connection refused", "ECONNRESET", "EPIPE", "peer", "Socket closed")
+_TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
+
+
+def how(end: dict | None) -> str:
+    """The end record's own ``how`` ('returned', 'exit', 'raised', 'killed', 'waiting', 'timed out'); of a raise,
+    where torch's words say so, 'lost' (a peer went away) or 'group timeout' (the group's timeout): an echo of
+    another rank's failure; 'stopped' where the rank left no record at all."""
+    if end is None:
+        return "stopped"
+    if end["how"] != "raised":
+        return end["how"]
+    message = end.get("message") or ""
+    return "group timeout" if any(s in message for s in _TIMED_OUT) else \
+        "lost" if any(s in message for s in _LOST) else "raised"
+
+
+def culprits_first(found: list[dict]) -> list[dict]:
+    """The ranks' ends, the first to fail first, an echo of another's failure (:func:`how`: lost, group timeout)
+    after every other: the rank whose peer closed the connection is not the one to name."""
+    return sorted(found, key=lambda end: (how(end) in ("lost", "group timeout"), end["time"], end["rank"]))
+
+
 def killed(rank: int, code: int | None, log: Path) -> dict:
     """A rank that ended without a record (killed, aborted in C++, ``os._exit``): its exit code, the signal that
     ended it (a negative code), and the last lines of its ``log`` (:func:`last_lines`), at the time the log was last

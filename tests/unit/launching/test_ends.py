@@ -80,3 +80,14 @@ def test_one_summary_says_a_frame_by_its_file_or_by_its_line_alone_where_the_rea
     assert ends.summary(end, by_line=True) == f"rank 1 raised KeyError (line {line}): 'smiles'"
     assert ends.summary({**end, "message": ""}, by_line=True) == f"rank 1 raised KeyError (line {line})"
     assert ends.summary(end, by_line=True, subject="make_loader") == f"make_loader raised KeyError (line {line}): 'smiles'"
+
+
+def test_a_peers_echo_of_a_failure_comes_after_the_failure_even_when_it_was_recorded_first():
+    """Gloo's "Connection closed by peer" on the rank left waiting, and a group timeout, are consequences: the rank
+    that raised of its own is the one a verdict names, whichever record's clock came first."""
+    echo = {"rank": 0, "how": "raised", "type": "RuntimeError", "time": 1.0,
+            "message": "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242"}
+    timeout = {**echo, "rank": 2, "message": "Timed out waiting 6000ms for recv operation to complete"}
+    culprit = {"rank": 1, "how": "raised", "type": "ValueError", "message": "bad shape", "time": 2.0}
+    assert [ends.how(e) for e in (echo, timeout, culprit, None)] == ["lost", "group timeout", "raised", "stopped"]
+    assert [e["rank"] for e in ends.culprits_first([echo, timeout, culprit])] == [1, 0, 2]

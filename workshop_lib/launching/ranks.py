@@ -107,9 +107,8 @@ def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, di
     for sig in _STOPS:  # a forked rank inherits the launcher's held stop: here a stop ends it as it would any program
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     os.environ.update(envs[index])
-    # A forked rank must not resolve host names: if another thread of the parent held glibc's resolver lock at the
-    # fork, the child inherits it locked, and its first getaddrinfo waits forever. So gloo on the loopback interface
-    # by name (getifaddrs), not by this host's name (all ranks are on this machine: a spawned rank too).
+    # A forked rank resolves no host name (another thread's lock on glibc's resolver is inherited held: forklaunch's
+    # store): gloo on the loopback interface by name, not by this host's name (all ranks are on this machine).
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
     if loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)

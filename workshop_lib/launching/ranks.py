@@ -189,6 +189,7 @@ class Ranks:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
             shutil.rmtree(self._dir, ignore_errors=True)
+            self._processes, self._context = [], None  # reaped: their pipes close now, not at a full collection
         self._button.give_back()
 
     def _kill(self) -> None:

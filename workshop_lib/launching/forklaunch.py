@@ -66,8 +66,10 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
     if shipped:  # a function that cannot be rebuilt here says why in this rank's log
         fn, args = spawning.unpack(fn)
     env = None  # backend None: fn joins a group itself (a learner's setup, through torchrun's variables)
-    if backend is not None:
-        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)  # no host name to resolve (ranks.py)
+    if backend is not None:  # not a TCPStore as the checker's: torch names each TCP peer by a reverse lookup (getnameinfo)
+        # in the launcher's store thread and in each rank, and a rank forked while that thread holds glibc's resolver
+        # lock waits in it for ever (2026-12-07, glibc 2.36: 7 of 25 launches of 8 ranks, 1 of 300 of 3; this one 0 of 150)
+        store = dist.FileStore(str(Path(log_dir) / "store"), launch.world_size)
         env = joining.join(backend, timeout, store=store)
     if hang_after is not None and backend is not None:  # a collective waiting this long: the watch writes who never
         hangwatch.install(store, threshold=hang_after, poll=0.25, record=str(Path(log_dir) / "hang.json"))  # arrived

@@ -44,8 +44,8 @@ class _StopButton:
     only: from another thread the caller's handlers stay as they are.
     """
 
-    def __init__(self, kill: Callable[[], None]):
-        self.kill = kill
+    def __init__(self, processes: list):
+        self.processes = processes  # the launch's ranks, as they start
         self.caller: dict[int, object] = {}  # the caller's SIGINT handler while the launch has SIGINT
         self.holding, self.noted, self.honoured = False, [], False
 
@@ -86,10 +86,16 @@ class _StopButton:
         elif not self.honoured:
             self.honoured = True
             try:
-                self.kill()  # before anything else runs: the KeyboardInterrupt may land anywhere in the caller
+                _kill(self.processes)  # before anything else runs: the KeyboardInterrupt may land anywhere in the caller
             finally:
                 self.give_back()
             raise KeyboardInterrupt
+
+
+def _kill(processes: list) -> None:
+    for p in processes:
+        if p.exitcode is None:
+            kill_tree(p.pid, grace=0, first=_KILL)
 
 
 def _restore(sig: int, handler) -> None:
@@ -107,9 +113,8 @@ def _run(index: int, entry: Callable, args: dict[int, tuple], envs: dict[int, di
     for sig in _STOPS:  # a forked rank inherits the launcher's held stop: here a stop ends it as it would any program
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     os.environ.update(envs[index])
-    # A forked rank must not resolve host names: if another thread of the parent held glibc's resolver lock at the
-    # fork, the child inherits it locked, and its first getaddrinfo waits forever. So gloo on the loopback interface
-    # by name (getifaddrs), not by this host's name (all ranks are on this machine: a spawned rank too).
+    # A forked rank resolves no host name (another thread's lock on glibc's resolver is inherited held: forklaunch's
+    # store): gloo on the loopback interface by name, not by this host's name (all ranks are on this machine).
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)  # Windows: gloo's own choice
     if loopback:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
@@ -144,7 +149,7 @@ class Ranks:
         self._processes: list = []
         self._context = None
         self._dir = tempfile.mkdtemp(prefix="ranks-")  # each rank's result
-        self._button = _StopButton(self._kill)
+        self._button = _StopButton(self._processes)  # not self: no cycle keeps a dropped launch's pipes open
 
     def start(self) -> None:
         import torch.multiprocessing as mp
@@ -153,7 +158,7 @@ class Ranks:
         with self._button.held():  # a press during the forks: honoured once every rank is known
             self._context = mp.start_processes(_run, (self.entry, self.args, self.envs, self._dir, self.logs),
                                                len(self.args), join=False, start_method=self.method)
-            self._processes = list(self._context.processes)
+            self._processes[:] = self._context.processes
 
     def pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in enumerate(self._processes)}
@@ -182,7 +187,7 @@ class Ranks:
     def stop(self) -> None:
         """Kill the ranks that are left, and what they started, reap them, give SIGINT back; safe to call twice."""
         with self._button.held():  # a press now is honoured after the reaping, not in the middle of it
-            self._kill()
+            _kill(self._processes)
             for p in self._processes:
                 p.join(timeout=10)
             if self._context is not None:
@@ -191,8 +196,3 @@ class Ranks:
                         os.unlink(path)
             shutil.rmtree(self._dir, ignore_errors=True)
         self._button.give_back()
-
-    def _kill(self) -> None:
-        for p in self._processes:
-            if p.exitcode is None:
-                kill_tree(p.pid, grace=0, first=_KILL)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import _thread
 import datetime
+import gc
 import signal
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -107,16 +109,11 @@ def test_the_stop_button_interrupts_every_rank_as_ctrl_c_does(script, tmp_path, 
     """JupyterLab's stop button raises KeyboardInterrupt in the kernel: torchrun gets SIGINT, as from a terminal."""
     (tmp_path / "snapshot.pt").write_bytes(b"")  # as step 3 leaves one
 
-    def press_stop_once_both_ranks_run():
-        while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)):
-            time.sleep(0.05)
-        _thread.interrupt_main()
-
     # A kernel's SIGINT handler raises KeyboardInterrupt; interrupt_main() does nothing under SIG_IGN or SIG_DFL,
     # which something earlier in a long pytest session may have left behind.
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+        _press_stop_when(lambda: all((tmp_path / f"pid{r}").exists() for r in (0, 1)))
         with pytest.raises(KeyboardInterrupt):
             launch.torchrun(script, 2, ["--mode", "hang"], out=tmp_path, timeout=60, progress=False)
     finally:
@@ -147,6 +144,21 @@ def _all_reduce(env, scale):
 def test_notebook_launch_returns_every_rank_in_order(capsys):
     assert forklaunch.notebook_launch(_all_reduce, 2, 10.0) == [(0, 2, 30.0), (1, 2, 30.0)]
     assert capsys.readouterr().out == "rank 0 holds 3\n"  # only rank 0 speaks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_launch_leaves_no_pipe_open_in_the_kernel():
+    """Each rank's pipes close as its launch ends (a failed one's too), not at a full garbage collection."""
+    forklaunch.notebook_launch(_all_reduce, 2, 1.0)  # what a first launch opens for good (spawn's resource tracker)
+    before, _ = psutil.Process().num_fds(), gc.disable()  # closed by the launch, not by a collection
+    try:
+        forklaunch.notebook_launch(_all_reduce, 2, 1.0)
+        with pytest.raises(forklaunch.RanksFailed):
+            forklaunch.notebook_launch(_fail_on_rank1, 2)
+        assert psutil.Process().num_fds() == before
+    finally:
+        gc.enable()
 
 
 def _fail_on_rank1(env):
@@ -218,13 +230,7 @@ def test_notebook_launch_with_hang_after_names_the_missing_rank_and_stops_early(
 def test_a_stop_while_the_ranks_start_leaves_none_behind():
     """The press lands while the launcher is still forking: a rank it had not registered yet must die too."""
     before = _children()
-
-    def press_stop_once_the_first_rank_exists():
-        while not _started_since(before):
-            time.sleep(0.01)
-        _thread.interrupt_main()
-
-    threading.Thread(target=press_stop_once_the_first_rank_exists, daemon=True).start()
+    _press_stop_when(lambda: bool(_started_since(before)))
     with pytest.raises(KeyboardInterrupt):
         forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
     assert still_alive(_started_since(before), timeout=10) == []
@@ -236,13 +242,7 @@ def test_a_stop_while_a_rank_waits_in_a_store_ends_at_once(tmp_path):
     """A rank waiting in a store (as one does in init_process_group for a peer that has not come yet) runs no
     Python signal handler, and no peer's exit wakes it: torch's close would give it 30 s; the stop kills it at once."""
     before, waiting = _children(), tmp_path / "rank0-waits"
-
-    def press_stop_once_rank0_waits():
-        while not waiting.exists():
-            time.sleep(0.01)
-        _thread.interrupt_main()
-
-    threading.Thread(target=press_stop_once_rank0_waits, daemon=True).start()
+    _press_stop_when(waiting.exists)
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="every rank stopped"):
         forklaunch.notebook_launch(_rank0_waits_in_a_store, 2, str(tmp_path), timeout=100)
@@ -256,6 +256,15 @@ def _rank0_waits_in_a_store(env, folder: str):
         Path(folder, "rank0-waits").touch()
         store.wait(["never set"], datetime.timedelta(seconds=100))
     time.sleep(600)
+
+
+def _press_stop_when(ready: Callable[[], bool]) -> None:
+    """The stop button, pressed from another thread once ``ready()``: a KeyboardInterrupt in this (the main) thread."""
+    def press():
+        while not ready():
+            time.sleep(0.01)
+        _thread.interrupt_main()
+    threading.Thread(target=press, daemon=True).start()
 
 
 def _children() -> set[int]:
@@ -276,13 +285,7 @@ def _wait_for_the_stop_button(env):
 def test_notebook_launch_stop_button_stops_every_rank_and_leaves_the_kernel_as_it_was():
     handlers = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     before = _children()
-
-    def press_stop_once_both_ranks_run():
-        while len(_started_since(before)) < 2:
-            time.sleep(0.05)
-        _thread.interrupt_main()
-
-    threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+    _press_stop_when(lambda: len(_started_since(before)) >= 2)
     with pytest.raises(KeyboardInterrupt, match="interrupted; every rank stopped"):
         forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
     assert still_alive(_started_since(before), timeout=10) == []
@@ -299,15 +302,9 @@ def test_the_stop_button_stops_every_rank_whatever_sigint_did_before(before):
     """SIG_IGN: what a shell gives a command started with ``&`` (pytest beside another job), under which
     interrupt_main() alone does nothing; SIG_DFL: a real SIGINT would kill the launcher and leave its ranks."""
     ahead = _children()
-
-    def press_stop_once_both_ranks_run():
-        while len(_started_since(ahead)) < 2:
-            time.sleep(0.05)
-        _thread.interrupt_main()
-
     kernel = signal.signal(signal.SIGINT, before)
     try:
-        threading.Thread(target=press_stop_once_both_ranks_run, daemon=True).start()
+        _press_stop_when(lambda: len(_started_since(ahead)) >= 2)
         with pytest.raises(KeyboardInterrupt, match="interrupted; every rank stopped"):
             forklaunch.notebook_launch(_wait_for_the_stop_button, 2, timeout=100)
         assert signal.getsignal(signal.SIGINT) == before  # given back
@@ -406,10 +403,11 @@ def test_a_press_while_the_ranks_are_reaped_comes_after_the_reaping():
     kernel = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         ranks.start()
+        pids = ranks.pids()
         with (mock.patch.object(ranks_module, "kill_tree", side_effect=pressed_while_killing),
               pytest.raises(KeyboardInterrupt)):
             ranks.stop()
-        assert sorted(presses) == sorted(ranks.pids().values())
+        assert sorted(presses) == sorted(pids.values())
         assert not any(psutil.pid_exists(pid) for pid in presses)  # reaped: not even a zombie
         assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
         ranks.stop()  # a second stop: nothing left to do, no second KeyboardInterrupt

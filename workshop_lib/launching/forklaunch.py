@@ -28,7 +28,7 @@ from workshop_lib.launching.ranks import Ranks
 
 
 class RanksFailed(LaunchError):
-    """A rank raised or died: ``ends``, the record of each rank that did (:mod:`~.ends`), the first to fail first."""
+    """A rank raised or died: ``ends``, the record of each rank that did (:mod:`~.ends`), the culprits first."""
 
     def __init__(self, message: str, ends: list[dict]):
         super().__init__(message)
@@ -91,14 +91,14 @@ def _rank_main(fn: Callable | bytes, backend: str | None, timeout: float, hang_a
 
 
 def _ended(log_dir: Path, failed: dict[int, int | None]) -> list[dict]:
-    """Every rank that raised or died, the first to fail first: its own record (:func:`ends.record`), else, for a rank
-    that died without one, :func:`ends.killed` at the time its log was last written (a peer's "Connection reset by
-    peer" so comes after the death that caused it)."""
+    """Every rank that raised or died, the culprits first (:func:`ends.culprits_first`): its own record
+    (:func:`ends.record`), else, for a rank that died without one, :func:`ends.killed` at the time its log was last
+    written (a peer's "Connection reset by peer" so comes after the death that caused it)."""
     found = {int(path.stem[4:]): json.loads(path.read_text()) for path in log_dir.glob("rank*.end")}
     for rank, code in failed.items():
         if rank not in found:
             found[rank] = ends.killed(rank, code, log_dir / f"rank{rank}.log")
-    return sorted(found.values(), key=lambda end: (end["time"], end["rank"]))
+    return ends.culprits_first(list(found.values()))
 
 
 def notebook_launch(fn: Callable, nprocs: int = 2, *args, timeout: float = 120, backend: str | None = "gloo",

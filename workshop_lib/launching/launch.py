@@ -274,7 +274,7 @@ def _failure(what: str, output: Sequence[str], ended: Sequence[dict] = ()) -> st
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: \d+\)")
 def rank_ends(log_dir: Path, output: Sequence[str]) -> list[dict]:
-    """The end record (:mod:`~.ends`) of each rank of the last attempt that raised or died, the first to fail first
+    """The end record (:mod:`~.ends`) of each rank of the last attempt that raised or died, the culprits first
     (one node: local = global).
 
     From torchrun's ``--log-dir``: a rank's ``error.json`` (its Python error, written by ``@record``), else, for a rank
@@ -304,7 +304,7 @@ def rank_ends(log_dir: Path, output: Sequence[str]) -> list[dict]:
             found.append({"rank": rank, "how": "raised", "type": kind, "message": text[:400], "time": when})
         elif rank in exits and exits[rank] != -signal.SIGTERM:
             found.append(ends.killed(rank, exits[rank], stderr))
-    return sorted(found, key=lambda end: (end["time"], end["rank"]))
+    return ends.culprits_first(found)
 
 
 def free_port() -> int:

@@ -42,6 +42,10 @@ KNOWN: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"Torch not compiled with CUDA enabled|has no attribute '_cuda_|No CUDA GPUs are available|"
                 r"Found no NVIDIA driver"),  # a CPU build (a CUDA call, or its C function absent); a CUDA build
      "this machine has no GPU: call CUDA only where torch.cuda.is_available() (on the CPU: device cpu, backend gloo)"),
+    (re.compile(r"Cannot re-initialize CUDA in forked subprocess"),  # the parent started CUDA, or tried (no GPU)
+     "this rank was forked from a process that had started CUDA, or tried to where there is no GPU, and CUDA cannot "
+     "start again in a forked child: call CUDA only where torch.cuda.is_available(), and start ranks that use GPUs "
+     "fresh (torchrun, or the spawn start method)"),
     (re.compile(r"device_id parameter must be (?:an accelerator with an index|a device with a valid index)"),  # 2.13|2.15
      "device_id binds the group to this process's GPU, and the device given is the CPU: pass device_id only on a "
      "GPU (device_id=device where device.type == \"cuda\"), and leave it out with gloo on CPU"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -75,6 +77,22 @@ def _raised(fn) -> str:
 def test_each_error_torch_raises_for_a_mistake_is_explained(case):
     fn, says = CASES[case]
     assert says in (explain(_raised(fn)) or ""), _raised(fn)
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="a CPU build has no CUDA to start in a forked child")
+def test_a_cuda_call_in_a_rank_forked_after_cuda_was_tried_is_explained():
+    """A CUDA build: once the parent started CUDA, or tried to (without a GPU: it failed), a forked child cannot start
+    it. In a subprocess of its own, so that this test's process stays free to fork."""
+    code = ("import os, torch\n"
+            "try:\n    torch.zeros(1, device='cuda')\nexcept Exception:\n    pass\n"
+            "r, w = os.pipe()\n"
+            "if os.fork() == 0:\n"
+            "    try:\n        torch.cuda.set_device(0)\n    except Exception as err:\n"
+            "        os.write(w, str(err).encode())\n    os._exit(0)\n"
+            "os.close(w); os.wait(); print(os.read(r, 4096).decode())\n")
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "Cannot re-initialize CUDA in forked subprocess" in said, said
+    assert "cannot start again in a forked child: call CUDA only where torch.cuda.is_available()" in explain(said)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the errors of a machine without a GPU")

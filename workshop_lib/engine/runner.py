@@ -87,6 +87,8 @@ def run_script(prefix: str, script: str, argv: list[str], hang_record: str, read
             runpy.run_path(script, run_name="__main__")
     except BaseException as err:  # every way out is an outcome to report
         error = err
+        if isinstance(err, SystemExit) and isinstance(err.code, str):
+            print(err.code, file=sys.stderr)  # as Python prints sys.exit("...") on its way out: the script's last words
     finally:
         sys.argv = saved_argv
         with contextlib.suppress(ValueError):

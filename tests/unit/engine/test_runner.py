@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from workshop_lib.engine import recorder, runner
+from workshop_lib.engine import recorder, rules, runner
 from workshop_lib.launching.spawning import START_METHOD
 from workshop_lib.paths import lab_root
 
@@ -109,3 +109,14 @@ def test_the_stop_policy_reads_what_each_rank_appended_once_and_its_end_from_the
     progress.update()  # overwritten: a poll that read the file again would fail on it
     assert [e["kind"] for e in progress.events[0]] == ["step", "step", "end"] and progress.ended == {0}
     assert progress.read[0] == path.stat().st_size
+
+
+@pytest.mark.timeout(90)
+def test_a_script_that_exits_with_a_message_is_quoted_by_that_message_not_its_last_print(tmp_path):
+    """sys.exit("...") prints its text on the way out, as Python does; the verdict quotes it, not the line before."""
+    text = 'print("epoch 0: loss 1.23")\nraise SystemExit("--epochs must be positive")\n'
+    script = tmp_path / "exits.py"
+    script.write_text(text)
+    run = runner.run(runner.Item(script, [], tmp_path / "item"))
+    assert rules.started(rules.Case(run, None, source=text, name="exits.py")) == (
+        "rank 0 exited with code 1 (line 2): --epochs must be positive")

@@ -53,8 +53,9 @@ def _real_rank(env, setup: Callable, port: int, folder: str) -> dict:
             end = said(err, "setup", given or _with_nccl(rec.events))
     rec.close()
     joined = dist.is_initialized() and end is None
-    if joined:  # no barrier ends init_process_group (TORCH_DIST_INIT_BARRIER=0): a rank that left at once could close
-        dist.barrier()  # its Gloo pairs while another still connects them ("Connection closed by peer")
+    if dist.is_initialized():  # every rank in the group, setup's error or not: no barrier ends init_process_group
+        with contextlib.suppress(Exception):  # (TORCH_DIST_INIT_BARRIER=0), and a rank that left at once could close
+            dist.barrier()  # its Gloo pairs while another still connects them; a failed barrier hides no setup error
     return {"rank": rank, "end": end, "given": given, "device": str(device), "events": rec.events, "joined": joined,
             "as": (dist.get_rank(), dist.get_world_size()) if joined else None}
 

@@ -226,6 +226,13 @@ def setup_joined_twice(timeout):
     return device
 
 
+def setup_failing_on_rank_1(timeout):
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 could not open its data folder")
+    return torch.device("cpu")
+
+
 def setup_four_ranks(timeout):
     device = torch.device("cpu")
     if torch.cuda.is_available():
@@ -268,7 +275,10 @@ def setup_device_set_everywhere(timeout):
     (setup_device_set_everywhere, 2, "setup raised AttributeError (line {line}): module 'torch._C' has no attribute "
                                      "'_cuda_setDevice'; this machine has no GPU: call CUDA only where "
                                      "torch.cuda.is_available()"),
-], ids=["joined_twice", "four_ranks", "local_rank_as_rank", "set_device_without_gpus"])
+    # one rank's setup fails after the join: its error, not the other rank's lost connection
+    (setup_failing_on_rank_1, 3, "setup raised ValueError (line {line}): rank 1 could not open its data folder (in a "
+                                 "real run of 2 ranks on this machine (torchrun's variables, no GPU), rank 1)"),
+], ids=["joined_twice", "four_ranks", "local_rank_as_rank", "set_device_without_gpus", "fails_on_rank_1"])
 def test_a_setup_that_a_real_run_rejects_is_named_with_its_cause(setup, at, message):
     if setup is setup_device_set_everywhere and torch.cuda.is_available():
         pytest.skip("torch.cuda.set_device works where there is a GPU")

@@ -146,8 +146,9 @@ def entry(op: str, args: tuple, kwargs: dict, values: bool = False) -> dict:
     made = {"kind": kind, "name": op, "phase": "enter", "t": round(time.time(), 3), "where": caller()}
     if kind == "init":
         return {**made, **joined(args, kwargs)}
-    if kind != "collective":
-        return {**made, "tensors": ddp_broadcasts(args[0]) if kind == "forward" else "DDP's gradient buckets"}
+    if kind != "collective":  # the device of its tensors (the loss; the forward's input): NCCL's work queued there
+        return {**made, "tensors": ddp_broadcasts(args[0]) if kind == "forward" else "DDP's gradient buckets",
+                "device": facts(op, args, kwargs)["device"]}
     fact, first = facts(op, args, kwargs), tensors_of(args, kwargs)
     made.update(fact, tensors=said(fact), data_ptr=first.data_ptr() if hasattr(first, "data_ptr") else None)
     return {**made, "before": small(first)} if values else made

@@ -98,6 +98,10 @@ def test_ddp_forward_is_recorded_where_it_broadcasts_the_buffers_and_only_there(
     forwards = [(e["kind"], e["seq"], e["tensors"]) for e in record.recent if e["name"] == collectives.DDP_FORWARD]
     assert forwards == [("forward", 1, "broadcasts 3 buffers"), ("forward", 2, "broadcasts 3 buffers")]
     assert DDP.forward.__module__.startswith("torch")
+    # each entry names its tensors' device, backward's and the forward's too: where NCCL's work is queued on a GPU,
+    # the hang watch follows these entries there until the GPU finishes them
+    assert {(e["kind"], e["device"]) for e in record.recent if e["kind"] in ("forward", "backward")} == {
+        ("forward", "cpu"), ("backward", "cpu")}
 
 
 def test_each_call_is_described_once_and_a_handles_wait_is_told_where_a_recorder_keeps_the_record(group):
